@@ -1,0 +1,32 @@
+-- wrk script for contrib/bench/run.py: POST one small chat completion request.
+--
+-- Environment:
+--   BENCH_STREAM=1   send "stream": true (latency is then the whole SSE stream)
+--   BENCH_MODEL      model name (default "bench")
+--
+-- done() prints one machine-readable line, "BENCH_JSON {...}", that run.py parses.
+-- Latencies are in microseconds. errors.status counts HTTP responses >= 400
+-- (wrk's own definition), so non-2xx answers are reported, not hidden.
+
+local stream = os.getenv("BENCH_STREAM") == "1"
+local model = os.getenv("BENCH_MODEL") or "bench"
+
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"' .. model .. '",'
+    .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'
+    .. (stream and ',"stream":true' or '')
+    .. '}'
+
+function done(summary, latency, requests)
+    local e = summary.errors
+    local seconds = summary.duration / 1e6
+    io.write(string.format(
+        'BENCH_JSON {"requests":%d,"duration_us":%d,"bytes":%d,"rps":%.3f,'
+            .. '"p50_us":%d,"p90_us":%d,"p99_us":%d,"mean_us":%.1f,"max_us":%d,'
+            .. '"errors":{"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d}}\n',
+        summary.requests, summary.duration, summary.bytes, summary.requests / seconds,
+        latency:percentile(50), latency:percentile(90), latency:percentile(99),
+        latency.mean, latency.max,
+        e.connect, e.read, e.write, e.status, e.timeout))
+end

@@ -1,0 +1,56 @@
+"""The /_fake/... control API, for driving a fake that runs in another process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .faults import fault_from_json
+from .recording import REGISTRY_KEY
+
+__all__ = ["add_control_routes"]
+
+
+def _error(status: int, message: str) -> web.Response:
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    }
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+async def _set_script(request: web.Request) -> web.Response:
+    try:
+        data: Any = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return _error(400, "body must be a JSON list of faults")
+    if not isinstance(data, list):
+        return _error(400, "body must be a JSON list of faults")
+    try:
+        faults = [fault_from_json(item) for item in data]
+    except (ValueError, TypeError) as exc:
+        return _error(400, f"invalid fault: {exc}")
+    request.app[REGISTRY_KEY].set_script(request.match_info["scenario"], faults)
+    return web.Response(status=204)
+
+
+async def _hits(request: web.Request) -> web.Response:
+    log = request.app[REGISTRY_KEY].peek(request.match_info["scenario"])
+    endpoint = request.query.get("endpoint")
+    body = {
+        "hits": 0 if log is None else log.hits_for(endpoint),
+        "dropped": 0 if log is None else log.dropped,
+    }
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _reset(request: web.Request) -> web.Response:
+    request.app[REGISTRY_KEY].reset()
+    return web.Response(status=204)
+
+
+def add_control_routes(app: web.Application) -> None:
+    app.router.add_post("/_fake/script/{scenario}", _set_script)
+    app.router.add_get("/_fake/hits/{scenario}", _hits)
+    app.router.add_post("/_fake/reset", _reset)

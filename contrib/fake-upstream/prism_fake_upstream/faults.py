@@ -1,0 +1,129 @@
+"""What a scenario does to one request: the Fault description and its parsers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["Fault", "fault_for_scenario_name", "fault_from_json"]
+
+# Long enough that no sane client timeout outlasts it, short enough that a
+# forgotten standalone process still frees its sockets within the hour.
+LONG_DELAY_S = 3600.0
+SLOW_TOKEN_DELAY_S = 0.05
+
+_ERR_NAME = re.compile(r"err([1-5][0-9][0-9])")
+_DIE_NAME = re.compile(r"die([0-9]+)")
+
+FaultBody = bytes | dict[str, Any] | None
+
+
+def _to_body(value: bytes | str | Mapping[str, Any] | None) -> FaultBody:
+    # A str is accepted because the control API can only carry text.
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return dict(value)
+
+
+def _to_headers(value: Mapping[str, str]) -> Mapping[str, str]:
+    # Copy so a caller mutating its dict later cannot change a scripted Fault.
+    return dict(value)
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attr.name} must be >= 0, got {value!r}")
+
+
+def _http_status(_inst: object, _attr: attrs.Attribute[Any], value: int) -> None:
+    if not 100 <= value <= 599:
+        raise ValueError(f"status must be an HTTP status code, got {value!r}")
+
+
+@attrs.frozen
+class Fault:
+    """How to answer one request; the default answers normally."""
+
+    status: int = attrs.field(default=200, validator=_http_status)
+    body: FaultBody = attrs.field(default=None, converter=_to_body)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_to_headers)
+    stall_s: float = attrs.field(default=0.0, validator=_non_negative)
+    first_token_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
+    token_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
+    die_after_chunks: int | None = attrs.field(default=None, validator=_non_negative)
+    empty_length: bool = False
+    text: str | None = None
+    stream_error: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The control-API form of this Fault (inverse of fault_from_json)."""
+        out: dict[str, Any] = {}
+        for field in attrs.fields(Fault):
+            value = getattr(self, field.name)
+            if value == field.default or (field.name == "headers" and not value):
+                continue
+            if field.name == "body" and isinstance(value, bytes):
+                value = value.decode()
+            elif field.name == "headers":
+                value = dict(value)
+            out[field.name] = value
+        return out
+
+
+def fault_for_scenario_name(name: str) -> Fault:
+    """Parse a scenario name; names that mean nothing special behave like ``ok``."""
+    if name == "stall":
+        return Fault(stall_s=LONG_DELAY_S)
+    if name == "slowfirst":
+        return Fault(first_token_delay_s=LONG_DELAY_S)
+    if name == "slow":
+        return Fault(token_delay_s=SLOW_TOKEN_DELAY_S)
+    if name == "empty":
+        return Fault(empty_length=True)
+    if m := _ERR_NAME.fullmatch(name):
+        return Fault(status=int(m.group(1)))
+    if m := _DIE_NAME.fullmatch(name):
+        return Fault(die_after_chunks=int(m.group(1)))
+    return Fault()
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def fault_from_json(obj: object) -> Fault:
+    """Build a Fault from its control-API JSON form; raises ValueError on bad input."""
+    if not isinstance(obj, dict):
+        raise ValueError("each fault must be a JSON object")
+    known = {f.name for f in attrs.fields(Fault)}
+    unknown = set(obj) - known
+    if unknown:
+        raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+    for key in ("stall_s", "first_token_delay_s", "token_delay_s"):
+        if key in obj and not _is_number(obj[key]):
+            raise ValueError(f"{key} must be a number")
+    for key in ("status", "die_after_chunks"):
+        value = obj.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{key} must be an integer")
+    if "status" in obj and obj["status"] is None:
+        raise ValueError("status must be an integer")
+    if "empty_length" in obj and not isinstance(obj["empty_length"], bool):
+        raise ValueError("empty_length must be a boolean")
+    if obj.get("text") is not None and not isinstance(obj["text"], str):
+        raise ValueError("text must be a string")
+    if obj.get("body") is not None and not isinstance(obj["body"], str | dict):
+        raise ValueError("body must be a JSON object or a string")
+    if obj.get("stream_error") is not None and not isinstance(obj["stream_error"], dict):
+        raise ValueError("stream_error must be a JSON object")
+    headers = obj.get("headers", {})
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ValueError("headers must be an object of strings")
+    return Fault(**obj)

@@ -1,0 +1,100 @@
+"""An OpenAI-compatible upstream: OpenAI, Azure OpenAI, vLLM, Ollama, llama.cpp, the fake."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+
+from prism_proxy import Binding, Call, Endpoint, HttpProvider, ProviderSpec, UpstreamResponse
+
+log = logging.getLogger("prism.openai")
+
+_OPTIONS = frozenset({"base_url", "api_key_env", "auth", "headers", "query", "deployments"})
+_PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.EMBEDDINGS: "embeddings"}
+
+
+class OpenAIProvider(HttpProvider):
+    """Options (``[providers.<name>]`` with ``kind = "openai"``):
+
+    - ``base_url`` (required): the API root ending in ``/v1`` (or the Azure resource URL);
+    - ``api_key_env``: the environment variable holding the key (read at start-up);
+    - ``auth``: ``"bearer"`` (default, ``Authorization: Bearer``) or ``"api-key"`` (Azure);
+    - ``headers``: a table of extra static headers;
+    - ``query``: a table of extra query parameters (e.g. ``api-version`` for Azure);
+    - ``deployments``: true for Azure-style URLs ``{base_url}/deployments/{model}/...``;
+    - ``max_connections``, ``connect_timeout_ms``: the connection pool.
+    """
+
+    wire = "openai"
+
+    def __init__(self, spec: ProviderSpec) -> None:
+        super().__init__(spec)
+        for key in spec.options:
+            if key not in _OPTIONS and key not in self.COMMON_OPTIONS:
+                known = ", ".join(sorted(_OPTIONS | self.COMMON_OPTIONS))
+                raise spec.error(key, f"unknown option for kind 'openai' (known: {known})")
+        base_url = spec.options.get("base_url")
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise spec.error("base_url", f"expected an http(s) URL, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.deployments = spec.options.get("deployments", False)
+        if not isinstance(self.deployments, bool):
+            raise spec.error("deployments", "expected true or false")
+        query = _string_table(spec, "query")
+        self.query = ("?" + urlencode(query)) if query else ""
+        headers = {"Content-Type": "application/json", **_string_table(spec, "headers")}
+        key_env = spec.options.get("api_key_env")
+        if key_env is not None:
+            if not isinstance(key_env, str) or not key_env:
+                raise spec.error("api_key_env", "expected the name of an environment variable")
+            key = os.environ.get(key_env, "")
+            auth = spec.options.get("auth", "bearer")
+            if auth not in ("bearer", "api-key"):
+                raise spec.error("auth", f"expected 'bearer' or 'api-key', got {auth!r}")
+            if not key:
+                # Optional by design: local upstreams (vLLM, Ollama, the fake) take no key.
+                log.warning(
+                    "%s: environment variable %s is not set; requests go without a key",
+                    spec.where("api_key_env"),
+                    key_env,
+                )
+            elif auth == "bearer":
+                headers["Authorization"] = f"Bearer {key}"
+            else:
+                headers["api-key"] = key
+        self.headers: Mapping[str, str] = headers
+
+    def url(self, endpoint: Endpoint, binding: Binding) -> str:
+        path = _PATHS[endpoint]
+        if self.deployments:
+            return f"{self.base_url}/deployments/{binding.model}/{path}{self.query}"
+        return f"{self.base_url}/{path}{self.query}"
+
+    def body(self, call: Call, binding: Binding) -> dict[str, Any]:
+        body = dict(call.body)
+        body["model"] = binding.model
+        if call.stream:
+            # Always ask for usage so the serving attempt can be billed; the
+            # relay forwards the usage chunk only to callers who asked for it.
+            options = dict(body.get("stream_options") or {})
+            options["include_usage"] = True
+            body["stream_options"] = options
+        return body
+
+    async def send(self, call: Call, binding: Binding) -> UpstreamResponse:
+        payload = orjson.dumps(self.body(call, binding))
+        return await self.post(self.url(call.endpoint, binding), self.headers, payload)
+
+
+def _string_table(spec: ProviderSpec, key: str) -> dict[str, str]:
+    value = spec.options.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise spec.error(key, "expected a table of string values")
+    return dict(value)

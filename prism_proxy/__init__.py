@@ -1,0 +1,64 @@
+"""Prism: a pluggable LLM gateway.
+
+This module is the public surface: plugins import from here and nowhere
+else.  Everything in submodules not re-exported here is private and may
+change without notice.
+"""
+
+from .app import create_app
+from .call import (
+    ANONYMOUS,
+    Attempt,
+    Call,
+    Endpoint,
+    Outcome,
+    Principal,
+    Route,
+    Settlement,
+    UpstreamResult,
+    Usage,
+    Verdict,
+)
+from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec
+from .classification import PERMANENT_MARKERS, find_permanent_marker, parse_retry_after
+from .config import Config, Section, config_from_mapping, load_config
+from .errors import ConfigError, PrismError
+from .gateway import GATEWAY, Gateway
+from .hookimpl import hookimpl
+from .providers import HttpProvider, Provider, ProviderFactory, UpstreamResponse
+
+__all__ = [
+    "ANONYMOUS",
+    "GATEWAY",
+    "PERMANENT_MARKERS",
+    "Attempt",
+    "Binding",
+    "Call",
+    "Catalog",
+    "CatalogKeys",
+    "Config",
+    "ConfigError",
+    "Endpoint",
+    "Gateway",
+    "HttpProvider",
+    "ModelSpec",
+    "Outcome",
+    "Principal",
+    "PrismError",
+    "Provider",
+    "ProviderFactory",
+    "ProviderSpec",
+    "Route",
+    "Section",
+    "Settlement",
+    "UpstreamResponse",
+    "UpstreamResult",
+    "Usage",
+    "Verdict",
+    "config_from_mapping",
+    "create_app",
+    "find_permanent_marker",
+    "hookimpl",
+    "load_config",
+    "parse_retry_after",
+]

@@ -1,0 +1,222 @@
+"""What one call carries through the hooks: the call, its attempts, verdicts and settlement."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import orjson
+
+from .catalog import Binding, ModelSpec
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = [
+    "Attempt",
+    "Call",
+    "Endpoint",
+    "Outcome",
+    "Principal",
+    "Route",
+    "Settlement",
+    "UpstreamResult",
+    "Usage",
+    "Verdict",
+]
+
+
+class Endpoint(enum.StrEnum):
+    """The caller-facing API a call came in on; it fixes the wire format of the answer."""
+
+    CHAT = "chat"
+    EMBEDDINGS = "embeddings"
+
+
+class Outcome(enum.StrEnum):
+    """What one attempt amounted to, as decided by ``prism_classify``."""
+
+    OK = "ok"
+    EMPTY = "empty"
+    TRANSIENT = "transient"
+    RATE_LIMITED = "rate_limited"
+    TIMEOUT = "timeout"
+    PERMANENT = "permanent"
+    REQUEST_ERROR = "request_error"
+    CANCELLED = "cancelled"
+    BROKEN_STREAM = "broken_stream"
+
+
+@attrs.frozen
+class Verdict:
+    """A classification: the outcome, a short reason (never body text), and Retry-After.
+
+    ``code`` optionally names the caller-facing error code this verdict
+    stands for when it is the last one (e.g. ``upstream_auth_failed``).
+    """
+
+    outcome: Outcome
+    reason: str = ""
+    retry_after_s: float | None = None
+    code: str | None = None
+
+
+@attrs.frozen
+class Principal:
+    """Who is calling, as established by ``prism_authenticate``."""
+
+    key_id: str | None = None
+    org: str | None = None
+    org_tags: frozenset[str] = frozenset()
+    scopes: frozenset[str] = frozenset()
+
+    @property
+    def anonymous(self) -> bool:
+        return self.key_id is None
+
+
+ANONYMOUS = Principal()
+
+
+@attrs.define
+class Route:
+    """The bindings to try, in order, and why (``name`` is the rule or ``default``).
+
+    ``notes`` end up in the attempt record (for example a breaker standing
+    down); ``skipped`` holds bindings left out before dispatch, with reasons.
+    """
+
+    bindings: tuple[Binding, ...]
+    name: str = "default"
+    notes: list[str] = attrs.field(factory=list)
+    skipped: list[tuple[Binding, str]] = attrs.field(factory=list)
+
+
+@attrs.define
+class Attempt:
+    """One try of one binding."""
+
+    number: int
+    binding: Binding
+    id: str
+    started_at: float
+    status: int | None = None
+    verdict: Verdict | None = None
+    elapsed_ms: float = 0.0
+    #: Time to the first content (stream) or the whole body (non-stream).
+    first_byte_ms: float | None = None
+    #: A short technical cause such as ``connect: ClientConnectorError``; never body text.
+    error: str | None = None
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return self.verdict.outcome if self.verdict else None
+
+
+@attrs.define
+class UpstreamResult:
+    """What ``prism_classify`` looks at: status, headers and body, or the failure.
+
+    ``status`` is None when no response arrived (connection error, timeout).
+    For a stream, ``body`` is the error event's payload when the upstream sent
+    one before the commit point, and ``stream_broken`` says the connection
+    broke before any content was forwarded.
+    """
+
+    status: int | None
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    body: bytes = b""
+    error: BaseException | None = None
+    timed_out: bool = False
+    stream_broken: bool = False
+    streaming: bool = False
+
+    @cached_property
+    def json(self) -> Any:
+        """The body parsed as JSON, or None when it is not JSON."""
+        if not self.body:
+            return None
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return None
+
+    @cached_property
+    def text_lower(self) -> str:
+        return self.body.decode("utf-8", "replace").lower()
+
+
+@attrs.frozen
+class Usage:
+    """Tokens used by the serving attempt; ``estimated`` when the provider did not report them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_creation_tokens: int = 0
+    estimated: bool = False
+
+
+@attrs.frozen
+class Settlement:
+    """How a call ended, handed once to ``prism_settle``.
+
+    ``outcome`` is ``ok`` (served in full), ``error`` (nothing served, or a
+    stream that broke after its commit point) or ``aborted`` (the client went
+    away or the server shut down mid-answer).  ``served`` is the attempt whose
+    answer reached the caller, if any; only it may be billed.
+    """
+
+    outcome: Literal["ok", "error", "aborted"]
+    status: int
+    served: Attempt | None
+    usage: Usage | None
+    error_code: str | None = None
+
+
+def new_id(prefix: str) -> str:
+    return prefix + os.urandom(12).hex()
+
+
+@attrs.define(eq=False)
+class Call:
+    """One caller request, from validation to settlement.
+
+    Plugins may read everything and may write: ``principal`` (authenticate),
+    ``attempt_timeout_s`` and ``timeout_retry`` (call_start), ``metadata``,
+    ``response_headers`` (extra headers for the caller) and ``extensions``
+    (a plugin's own per-call scratch space, keyed by plugin name).
+    """
+
+    request_id: str
+    endpoint: Endpoint
+    received_at: float
+    request: web.Request | None = None
+    body: dict[str, Any] = attrs.field(factory=dict)
+    model_name: str = ""
+    model: ModelSpec | None = None
+    stream: bool = False
+    include_usage: bool = False
+    principal: Principal = ANONYMOUS
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: Timeout to first content for each attempt; None disables it.
+    attempt_timeout_s: float | None = 60.0
+    #: Whether a first-byte timeout may be retried once on the same binding.
+    timeout_retry: bool = True
+    route: Route | None = None
+    attempts: list[Attempt] = attrs.field(factory=list)
+    served: Attempt | None = None
+    response_headers: dict[str, str] = attrs.field(factory=dict)
+    extensions: dict[str, Any] = attrs.field(factory=dict)
+    settled: bool = attrs.field(default=False, init=False)
+
+    def new_attempt(self, binding: Binding, now: float) -> Attempt:
+        attempt = Attempt(
+            number=len(self.attempts) + 1, binding=binding, id=new_id("att_"), started_at=now
+        )
+        self.attempts.append(attempt)
+        return attempt

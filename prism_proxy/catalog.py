@@ -1,0 +1,191 @@
+"""The model catalog: providers, models, and the bindings that join them.
+
+A *binding* is one line of a model's chain: (provider, upstream model) plus
+whatever that line declares (price, parameter adjustments, region ...).
+Breakers, statistics and bills are keyed on ``Binding.id``, never on the
+provider alone.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+__all__ = ["Binding", "Catalog", "CatalogKeys", "ModelSpec", "ProviderSpec", "load_catalog"]
+
+_MODEL_KEYS = frozenset({"tier", "chain", "description"})
+_BINDING_KEYS = frozenset({"provider", "model"})
+_TOP_KEYS = frozenset({"providers", "models"})
+
+
+@attrs.frozen
+class CatalogKeys:
+    """Extra catalog keys a plugin understands (it validates their values itself)."""
+
+    model: frozenset[str] = frozenset()
+    binding: frozenset[str] = frozenset()
+
+
+@attrs.frozen(eq=False)
+class ProviderSpec:
+    """One ``[providers.<name>]`` table: the kind plus the kind's own options."""
+
+    name: str
+    kind: str
+    options: Mapping[str, Any]
+    source: str
+
+    def where(self, key: str) -> str:
+        return f"providers.{self.name}.{key}"
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(self.source, self.where(key), problem)
+
+
+@attrs.frozen(eq=False)
+class Binding:
+    """One catalog line: an upstream model reached through one provider."""
+
+    provider: str
+    model: str
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+
+@attrs.frozen(eq=False)
+class ModelSpec:
+    """A model name callers use, with its tier and its chain of bindings.
+
+    ``pinned`` is true for the synthetic spec made when a caller names a
+    binding directly (``"provider/upstream-model"``): one attempt, no fallback.
+    """
+
+    name: str
+    tier: str
+    chain: tuple[Binding, ...]
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+    pinned: bool = False
+
+
+@attrs.frozen(eq=False)
+class Catalog:
+    source: str
+    providers: Mapping[str, ProviderSpec]
+    models: Mapping[str, ModelSpec]
+    bindings: Mapping[str, Binding]
+
+    def resolve(self, name: str) -> ModelSpec | None:
+        """The model a caller asked for: a catalog model, or a pinned binding."""
+        model = self.models.get(name)
+        if model is not None:
+            return model
+        binding = self.bindings.get(name)
+        if binding is None:
+            return None
+        tier = next(
+            (m.tier for m in self.models.values() if any(b.id == name for b in m.chain)),
+            "standard",
+        )
+        return ModelSpec(name=name, tier=tier, chain=(binding,), pinned=True)
+
+
+def load_catalog(
+    path: Path | None,
+    *,
+    data: Mapping[str, Any] | None = None,
+    kinds: Iterable[str] | None = None,
+    extra_keys: Iterable[CatalogKeys] = (),
+) -> Catalog:
+    """Read and validate the catalog; every mistake names file, key and problem."""
+    source = str(path) if path is not None else "<catalog>"
+    if data is None:
+        if path is None:
+            raise ConfigError(source, "catalog", "no catalog given")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(source, "catalog", "file not found") from None
+        except OSError as exc:
+            raise ConfigError(source, "catalog", f"cannot read: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, "(file)", f"not valid TOML: {exc}") from None
+
+    def err(key: str, problem: str) -> ConfigError:
+        return ConfigError(source, key, problem)
+
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise err(key, "unknown table (expected [providers.*] and [models.*])")
+    model_keys = set(_MODEL_KEYS)
+    binding_keys = set(_BINDING_KEYS)
+    for extra in extra_keys:
+        model_keys |= extra.model
+        binding_keys |= extra.binding
+    known_kinds = set(kinds) if kinds is not None else None
+
+    providers: dict[str, ProviderSpec] = {}
+    for name, table in _tables(data, "providers", err).items():
+        kind = table.get("kind")
+        if not isinstance(kind, str) or not kind:
+            raise err(f"providers.{name}.kind", "missing: name the provider kind, e.g. \"openai\"")
+        if known_kinds is not None and kind not in known_kinds:
+            installed = ", ".join(sorted(known_kinds)) or "none installed"
+            raise err(f"providers.{name}.kind", f"unknown provider kind {kind!r} ({installed})")
+        options = {k: v for k, v in table.items() if k != "kind"}
+        providers[name] = ProviderSpec(name=name, kind=kind, options=options, source=source)
+
+    models: dict[str, ModelSpec] = {}
+    bindings: dict[str, Binding] = {}
+    for name, table in _tables(data, "models", err).items():
+        for key in table:
+            if key not in model_keys:
+                raise err(f"models.{name}.{key}", "unknown key")
+        tier = table.get("tier", "standard")
+        if not isinstance(tier, str) or not tier:
+            raise err(f"models.{name}.tier", f"expected a name, got {tier!r}")
+        chain_data = table.get("chain")
+        if not isinstance(chain_data, list) or not chain_data:
+            raise err(f"models.{name}.chain", "missing or empty: list at least one binding")
+        chain = []
+        for index, line in enumerate(chain_data):
+            where = f"models.{name}.chain[{index}]"
+            if not isinstance(line, dict):
+                raise err(where, "expected a table {{ provider = ..., model = ... }}")
+            for key in line:
+                if key not in binding_keys:
+                    raise err(f"{where}.{key}", "unknown key")
+            provider = line.get("provider")
+            if not isinstance(provider, str) or provider not in providers:
+                known = ", ".join(sorted(providers)) or "none"
+                raise err(f"{where}.provider", f"unknown provider {provider!r} (known: {known})")
+            upstream = line.get("model")
+            if not isinstance(upstream, str) or not upstream:
+                raise err(f"{where}.model", "missing: the upstream model name")
+            options = {k: v for k, v in line.items() if k not in _BINDING_KEYS}
+            binding = Binding(provider=provider, model=upstream, options=options)
+            bindings.setdefault(binding.id, binding)
+            chain.append(binding)
+        options = {k: v for k, v in table.items() if k not in _MODEL_KEYS}
+        models[name] = ModelSpec(name=name, tier=tier, chain=tuple(chain), options=options)
+    return Catalog(source=source, providers=providers, models=models, bindings=bindings)
+
+
+def _tables(data: Mapping[str, Any], key: str, err: Any) -> dict[str, dict[str, Any]]:
+    group = data.get(key, {})
+    if not isinstance(group, dict):
+        raise err(key, "expected tables like [" + key + ".<name>]")
+    for name, table in group.items():
+        if not isinstance(table, dict):
+            raise err(f"{key}.{name}", "expected a table")
+    return group

@@ -1,0 +1,330 @@
+"""Finding and reading the configuration, the way pytest finds its own.
+
+Search order in a directory: ``prism.ini`` (section ``[prism]``), then
+``setup.cfg`` with a ``[prism]`` section, then ``pyproject.toml`` with a
+``[tool.prism]`` table; the first directory from the current one upwards
+that has one wins.  ``--config PATH`` skips the search.
+
+Each plugin reads its own section: ``[prism:<name>]`` in ini files,
+``[tool.prism.<name>]`` in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError
+
+__all__ = ["Config", "Section", "find_config", "load_config", "config_from_mapping"]
+
+INI_NAMES = ("prism.ini", "setup.cfg")
+CORE_KEYS = frozenset(
+    {
+        "listen",
+        "catalog",
+        "disable",
+        "required_plugins",
+        "max_body_bytes",
+        "shutdown_grace_s",
+        "attempt_timeout_ms",
+        "log_level",
+        "permanent_markers",
+    }
+)
+
+
+@attrs.define
+class Section:
+    """One configuration section with typed getters that fail with a clear message.
+
+    Values come as strings from ini files and as native values from TOML;
+    every getter accepts both.
+    """
+
+    source: str
+    name: str
+    values: dict[str, Any] = attrs.field(factory=dict)
+
+    def _where(self, key: str) -> str:
+        return f"[{self.name}] {key}"
+
+    def error(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(self.source, self._where(key), problem)
+
+    def check_keys(self, known: Iterable[str]) -> None:
+        """Reject keys this section's owner does not know (typos stop start-up)."""
+        allowed = set(known)
+        for key in self.values:
+            if key not in allowed:
+                hint = ", ".join(sorted(allowed)) or "none"
+                raise self.error(key, f"unknown key (known keys: {hint})")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def get_str(self, key: str, default: str | None = None) -> str | None:
+        value = self.values.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string, got {value!r}")
+        return value.strip()
+
+    def get_int(
+        self, key: str, default: int, *, min: int | None = None, max: int | None = None
+    ) -> int:
+        value = self.values.get(key, default)
+        if isinstance(value, bool):
+            raise self.error(key, f"expected a whole number, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = int(value.strip().replace("_", ""))
+            except ValueError:
+                raise self.error(key, f"expected a whole number, got {value!r}") from None
+        if not isinstance(value, int):
+            raise self.error(key, f"expected a whole number, got {value!r}")
+        self._bounds(key, value, min, max)
+        return value
+
+    def get_float(
+        self, key: str, default: float, *, min: float | None = None, max: float | None = None
+    ) -> float:
+        value = self.values.get(key, default)
+        if isinstance(value, bool):
+            raise self.error(key, f"expected a number, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise self.error(key, f"expected a number, got {value!r}") from None
+        if not isinstance(value, (int, float)):
+            raise self.error(key, f"expected a number, got {value!r}")
+        self._bounds(key, value, min, max)
+        return float(value)
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.values.get(key, default)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            if lowered in {"true", "yes", "on", "1"}:
+                return True
+            if lowered in {"false", "no", "off", "0"}:
+                return False
+        raise self.error(key, f"expected true or false, got {value!r}")
+
+    def get_list(self, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
+        """A list: comma- or newline-separated in ini files, an array in TOML."""
+        value = self.values.get(key)
+        if value is None:
+            return tuple(default)
+        if isinstance(value, str):
+            items = [item.strip() for line in value.splitlines() for item in line.split(",")]
+            return tuple(item for item in items if item)
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return tuple(item.strip() for item in value)
+        raise self.error(key, f"expected a list of names, got {value!r}")
+
+    def _bounds(self, key: str, value: float, lo: float | None, hi: float | None) -> None:
+        if lo is not None and value < lo:
+            raise self.error(key, f"must be at least {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise self.error(key, f"must be at most {hi}, got {value}")
+
+
+@attrs.frozen
+class Listen:
+    host: str
+    port: int
+
+
+@attrs.define
+class Config:
+    """The loaded configuration: core settings plus every plugin's raw section.
+
+    ``source`` is the file it came from (or a description of where);
+    ``base_dir`` resolves relative paths such as ``catalog``.
+    """
+
+    source: str
+    base_dir: Path
+    core: Section
+    sections: dict[str, Section] = attrs.field(factory=dict)
+    catalog_path: Path | None = None
+    listen: Listen = Listen("127.0.0.1", 8400)
+    disable: tuple[str, ...] = ()
+    required_plugins: tuple[str, ...] = ()
+    max_body_bytes: int = 16 * 1024 * 1024
+    shutdown_grace_s: float = 30.0
+    attempt_timeout_ms: int = 60_000
+    log_level: str = "INFO"
+    #: Extra billing/credential markers, added to the built-in narrow list.
+    permanent_markers: tuple[str, ...] = ()
+    #: The catalog document, when the caller supplies it instead of a file.
+    catalog_data: dict[str, Any] | None = None
+
+    def section(self, plugin_name: str) -> Section:
+        """The plugin's own section (empty if the operator wrote none)."""
+        found = self.sections.get(plugin_name)
+        if found is None:
+            found = Section(self.source, f"prism:{plugin_name}")
+            self.sections[plugin_name] = found
+        return found
+
+
+def find_config(start: Path | None = None) -> Path | None:
+    """The first config file from ``start`` upwards, or None."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        ini = directory / "prism.ini"
+        if ini.is_file():
+            return ini
+        cfg = directory / "setup.cfg"
+        if cfg.is_file() and _ini_has_prism(cfg):
+            return cfg
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file() and _pyproject_has_prism(pyproject):
+            return pyproject
+    return None
+
+
+def _ini_has_prism(path: Path) -> bool:
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error:
+        return False
+    return parser.has_section("prism")
+
+
+def _pyproject_has_prism(path: Path) -> bool:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return "prism" in data.get("tool", {})
+
+
+def load_config(path: Path | str | None = None, *, start: Path | None = None) -> Config:
+    """Read the configuration from ``path``, or find it from ``start`` upwards."""
+    if path is None:
+        found = find_config(start)
+        if found is None:
+            raise ConfigError(
+                str(start or Path.cwd()),
+                "[prism]",
+                "no configuration found (looked for prism.ini, [prism] in setup.cfg, "
+                "[tool.prism] in pyproject.toml); pass --config PATH",
+            )
+        path = found
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise ConfigError(source, "--config", "file not found")
+    if path.suffix == ".toml":
+        core, plugin_sections = _read_pyproject(path)
+    else:
+        core, plugin_sections = _read_ini(path)
+    return config_from_mapping(core, plugin_sections, source=source, base_dir=path.parent)
+
+
+def _read_ini(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error as exc:
+        raise ConfigError(str(path), "(file)", f"not a valid ini file: {exc}") from None
+    if not parser.has_section("prism"):
+        raise ConfigError(str(path), "[prism]", "section missing")
+    core = dict(parser.items("prism"))
+    plugins = {
+        name.split(":", 1)[1]: dict(parser.items(name))
+        for name in parser.sections()
+        if name.startswith("prism:")
+    }
+    return core, plugins
+
+
+def _read_pyproject(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from None
+    table = data.get("tool", {}).get("prism")
+    if not isinstance(table, dict):
+        raise ConfigError(str(path), "[tool.prism]", "table missing")
+    core = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    plugins = {k: v for k, v in table.items() if isinstance(v, dict)}
+    return core, plugins
+
+
+def config_from_mapping(
+    core_values: Mapping[str, Any],
+    plugin_values: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    catalog_data: dict[str, Any] | None = None,
+) -> Config:
+    """Build a Config from plain mappings (what files hold, or what tests write)."""
+    core = Section(source, "prism", dict(core_values))
+    core.check_keys(CORE_KEYS)
+    base = base_dir or Path.cwd()
+    config = Config(
+        source=source,
+        base_dir=base,
+        core=core,
+        sections={
+            name: Section(source, f"prism:{name}", dict(values))
+            for name, values in (plugin_values or {}).items()
+        },
+        catalog_data=catalog_data,
+    )
+    catalog = core.get_str("catalog")
+    if catalog is None and catalog_data is None:
+        raise core.error("catalog", "missing: name the model catalog TOML file")
+    if catalog is not None:
+        config.catalog_path = (base / catalog).resolve()
+    config.listen = parse_listen(core, core.get_str("listen", "127.0.0.1:8400") or "")
+    config.disable = core.get_list("disable")
+    config.required_plugins = core.get_list("required_plugins")
+    config.max_body_bytes = core.get_int("max_body_bytes", config.max_body_bytes, min=1024)
+    config.shutdown_grace_s = core.get_float("shutdown_grace_s", config.shutdown_grace_s, min=0)
+    config.attempt_timeout_ms = core.get_int(
+        "attempt_timeout_ms", config.attempt_timeout_ms, min=1000
+    )
+    level = (core.get_str("log_level", "INFO") or "INFO").upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise core.error("log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {level!r}")
+    config.log_level = level
+    markers = core.get_list("permanent_markers")
+    for marker in markers:
+        if marker.lower() == "quota":
+            raise core.error(
+                "permanent_markers",
+                "the bare word 'quota' would make per-minute rate limits permanent; "
+                "use a phrase that means money, e.g. 'exceeded your current quota'",
+            )
+    config.permanent_markers = markers
+    return config
+
+
+def parse_listen(section: Section, value: str) -> Listen:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise section.error("listen", f"expected HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise section.error("listen", f"port must be a number, got {port_text!r}") from None
+    if not 0 <= port <= 65535:
+        raise section.error("listen", f"port out of range: {port}")
+    return Listen(host, port)

@@ -1,0 +1,16 @@
+"""Default authentication: everyone is an anonymous caller.
+
+Start-up warns loudly when no other plugin implements ``prism_authenticate``.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..call import ANONYMOUS, Call, Principal
+from ..hookimpl import hookimpl
+
+
+@hookimpl(trylast=True)
+def prism_authenticate(call: Call, request: web.Request) -> Principal:
+    return ANONYMOUS

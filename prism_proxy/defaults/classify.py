@@ -1,0 +1,89 @@
+"""Default classification of an attempt, on status AND body (DESIGN.md §4).
+
+Wire-format agnostic where it can be; it understands OpenAI-shaped bodies.
+Provider plugins with another error model override it with ``tryfirst``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..call import Attempt, Call, Outcome, UpstreamResult, Verdict
+from ..classification import find_permanent_marker, parse_retry_after
+from ..config import Config
+from ..hookimpl import hookimpl
+
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504, 529})
+_REQUEST_ERROR_STATUSES = frozenset({400, 413, 415, 422})
+
+
+class DefaultClassify:
+    """Holds the operator's extra permanent markers (``[prism] permanent_markers``)."""
+
+    def __init__(self) -> None:
+        self.extra_markers: tuple[str, ...] = ()
+
+    @hookimpl
+    def prism_configure(self, config: Config) -> None:
+        self.extra_markers = tuple(m.lower() for m in config.permanent_markers)
+
+    @hookimpl(trylast=True)
+    def prism_classify(self, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
+        if isinstance(result.error, asyncio.CancelledError):
+            return Verdict(Outcome.CANCELLED, "client went away")
+        if result.timed_out:
+            return Verdict(Outcome.TIMEOUT, "no first byte in time")
+        if result.status is None:
+            if result.stream_broken:
+                return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+            return Verdict(Outcome.TRANSIENT, "connection failed")
+        status = result.status
+        if status == 200 and not _is_error_payload(result.json):
+            if result.stream_broken:
+                return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+            if _is_empty_completion(result.json):
+                return Verdict(Outcome.EMPTY, "empty content, finish_reason length")
+            return Verdict(Outcome.OK)
+        marker = find_permanent_marker(result.text_lower, self.extra_markers)
+        if marker is not None:
+            code = "upstream_auth_failed" if "key" in marker else "upstream_quota_exhausted"
+            return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=code)
+        if status == 200:
+            # An error event inside a 200 stream, before any content.
+            return Verdict(Outcome.TRANSIENT, "error event before content")
+        if status in (401, 403):
+            return Verdict(
+                Outcome.PERMANENT, f"upstream refused credentials ({status})", code="upstream_auth_failed"
+            )
+        if status == 404:
+            return Verdict(Outcome.PERMANENT, "upstream model not found")
+        if status == 429:
+            return Verdict(
+                Outcome.RATE_LIMITED, "rate limited", parse_retry_after(result.headers)
+            )
+        if status in _TRANSIENT_STATUSES or status >= 500:
+            return Verdict(Outcome.TRANSIENT, f"upstream {status}", parse_retry_after(result.headers))
+        if status in _REQUEST_ERROR_STATUSES or 400 <= status < 500:
+            return Verdict(Outcome.REQUEST_ERROR, f"upstream rejected the request ({status})")
+        return Verdict(Outcome.TRANSIENT, f"unexpected status {status}")
+
+
+def _is_error_payload(payload: Any) -> bool:
+    return isinstance(payload, dict) and "error" in payload and "choices" not in payload
+
+
+def _is_empty_completion(payload: Any) -> bool:
+    """A chat answer (whole body or committing chunk) with nothing in it, cut by length."""
+    if not isinstance(payload, dict):
+        return False
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    choice = choices[0]
+    if not isinstance(choice, dict) or choice.get("finish_reason") != "length":
+        return False
+    message = choice.get("message") or choice.get("delta") or {}
+    if not isinstance(message, dict):
+        return False
+    return not message.get("content") and not message.get("tool_calls")

@@ -1,0 +1,162 @@
+"""The HTTP endpoints: the OpenAI-compatible API and the liveness/readiness probes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .call import Call, Endpoint, Settlement, new_id
+from .dispatch import PassThrough, dispatch, exhausted
+from .errors import PrismError
+from .gateway import GATEWAY, Gateway
+from .record import prism_headers
+from .relay import relay
+from .wire.openai import error_payload, validate_chat, validate_embeddings
+
+__all__ = ["add_routes"]
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, Endpoint.CHAT)
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, Endpoint.EMBEDDINGS)
+
+
+async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    chunks = []
+    size = 0
+    # Counted as it arrives: a chunked body has no Content-Length to check up front.
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise PrismError(400, "invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise PrismError(400, "invalid_json", "the request body must be a JSON object")
+    return body
+
+
+def _too_large(limit: int) -> PrismError:
+    return PrismError(
+        413, "body_too_large", f"the request body exceeds the limit of {limit} bytes", param="body"
+    )
+
+
+async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    call = Call(
+        request_id=new_id("req_"),
+        endpoint=endpoint,
+        received_at=gw.clock(),
+        request=request,
+        attempt_timeout_s=gw.config.attempt_timeout_ms / 1000,
+    )
+    try:
+        call.body = await _read_json(request, gw.config.max_body_bytes)
+        if endpoint is Endpoint.CHAT:
+            call.model_name, call.stream, call.include_usage = validate_chat(call.body)
+        else:
+            call.model_name = validate_embeddings(call.body)
+        principal = gw.hook.prism_authenticate(call=call, request=request)
+        if principal is not None:
+            call.principal = principal
+        call.model = gw.catalog.resolve(call.model_name)
+        if call.model is None:
+            raise PrismError(
+                404,
+                "model_not_found",
+                f"model '{call.model_name}' is not in the catalog (GET /v1/models lists them)",
+                param="model",
+            )
+        gw.hook.prism_call_start(call=call, request=request)
+        call.route = gw.hook.prism_select_route(call=call)
+        if call.route is None or not call.route.bindings:
+            raise exhausted(call)
+        served = await dispatch(gw, call)
+        return await relay(gw, call, served, request)
+    except PassThrough as rejected:
+        return await _pass_through(gw, call, rejected)
+    except PrismError as err:
+        return await _error_response(gw, call, err)
+    except asyncio.CancelledError:
+        served_attempt = call.served
+        await gw.settle(call, Settlement("aborted", 499, served_attempt, None, "client_closed"))
+        raise
+
+
+async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.Response:
+    result = rejected.result
+    assert result.status is not None
+    await gw.settle(call, Settlement("error", result.status, None, None, "upstream_request_error"))
+    headers = prism_headers(call)
+    headers["Content-Type"] = result.headers.get("Content-Type", "application/json")
+    return web.Response(status=result.status, body=result.body, headers=headers)
+
+
+async def _error_response(gw: Gateway, call: Call, err: PrismError) -> web.Response:
+    await gw.settle(call, Settlement("error", err.status, None, None, err.code))
+    return web.Response(
+        status=err.status,
+        body=orjson.dumps(error_payload(err)),
+        content_type="application/json",
+        headers=prism_headers(call),
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    catalog = request.app[GATEWAY].catalog
+    data = [_model_object(name) for name in catalog.models]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+async def get_model(request: web.Request) -> web.Response:
+    catalog = request.app[GATEWAY].catalog
+    name = request.match_info["model"]
+    if catalog.resolve(name) is None:
+        err = PrismError(404, "model_not_found", f"model '{name}' is not in the catalog", param="model")
+        return web.json_response(error_payload(err), status=404, dumps=_dumps)
+    return web.json_response(_model_object(name), dumps=_dumps)
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "prism"}
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    if gw.draining:
+        return web.json_response({"status": "draining"}, status=503)
+    if not gw.ready:
+        return web.json_response({"status": "starting"}, status=503)
+    plugins = sorted(name for name, _ in gw.pm.list_name_plugin())
+    return web.json_response({"status": "ready", "plugins": plugins, "models": len(gw.catalog.models)})

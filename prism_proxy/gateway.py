@@ -1,0 +1,79 @@
+"""The gateway's state for one app: configuration, catalog, plugins and providers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import attrs
+import pluggy
+from aiohttp import web
+
+from .call import Call, Settlement
+from .catalog import Catalog
+from .config import Config
+from .providers import Provider
+
+__all__ = ["GATEWAY", "Gateway"]
+
+log = logging.getLogger("prism")
+call_log = logging.getLogger("prism.calls")
+
+
+@attrs.define(eq=False)
+class Gateway:
+    config: Config
+    catalog: Catalog
+    pm: pluggy.PluginManager
+    providers: dict[str, Provider]
+    #: Monotonic seconds; tests inject their own.
+    clock: Callable[[], float] = time.monotonic
+    ready: bool = False
+    draining: bool = False
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        return self.pm.hook
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        """cleanup_ctx: open every provider's pool at start-up, close them at shutdown."""
+        await asyncio.gather(*(provider.start() for provider in self.providers.values()))
+        self.ready = True
+        yield
+        self.ready = False
+        await asyncio.gather(*(provider.close() for provider in self.providers.values()))
+
+    async def on_shutdown(self, app: web.Application) -> None:
+        self.draining = True
+
+    async def settle(self, call: Call, settlement: Settlement) -> None:
+        """Run ``prism_settle`` exactly once for ``call`` and log the call's summary line."""
+        if call.settled:
+            return
+        call.settled = True
+        try:
+            pending = self.hook.prism_settle(call=call, settlement=settlement)
+            if pending:
+                # Shielded: a client leaving must not cut a ledger commit in half.
+                await asyncio.shield(asyncio.gather(*pending))
+        except Exception:
+            log.exception("prism_settle failed for %s", call.request_id)
+        if call_log.isEnabledFor(logging.INFO):
+            served = settlement.served
+            call_log.info(
+                "%s %s model=%s served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
+                call.request_id,
+                call.endpoint,
+                call.model_name or "-",
+                served.binding.id if served else "-",
+                settlement.status,
+                settlement.outcome,
+                settlement.error_code or "-",
+                len(call.attempts),
+                (self.clock() - call.received_at) * 1000,
+            )
+
+
+GATEWAY = web.AppKey("prism_gateway", Gateway)

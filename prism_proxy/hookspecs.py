@@ -1,0 +1,158 @@
+"""The plugin contract: hook specifications, nothing else.
+
+Every docstring here is binding for plugin authors: when the hook is called,
+what each argument is, the result mode, and what an implementation may change.
+Implement a hook with ``@prism_proxy.hookimpl`` on a function of the same name
+in the module (or object) your ``prism_proxy`` entry point names.  Only the
+arguments you list are passed to you.
+
+Decision hooks (``prism_authenticate``, ``prism_select_route``,
+``prism_classify``) are synchronous: pluggy cannot await, and an ``async def``
+implementation would break ``firstresult``.  Do I/O in a background task
+started from ``prism_app_setup`` and read its results from memory.  Effect
+hooks (``prism_on_attempt``, ``prism_settle``) may return an awaitable, which
+the core awaits as their docstrings say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
+    from .catalog import Catalog, CatalogKeys
+    from .config import Config
+    from .providers import ProviderFactory
+
+hookspec = pluggy.HookspecMarker("prism_proxy")
+
+
+@hookspec
+def prism_configure(config: Config, catalog: Catalog) -> None:
+    """Read and check this plugin's configuration, once, at start-up.
+
+    Called after the configuration file and the catalog are loaded and before
+    the application is built.  ``config.section("<your-entry-point-name>")``
+    is your ``[prism:<name>]`` section: call its ``check_keys`` and typed
+    getters, which raise ``ConfigError`` naming the file, key and problem.
+    Validate the catalog keys you declared in ``prism_catalog_keys`` here too
+    (raise ``ConfigError(catalog.source, "models.x.key", "problem")``).
+    Raising stops start-up.  Keep what you parsed on your plugin object or,
+    better, on the app in ``prism_app_setup``.  Fan-out; the result is ignored.
+    """
+
+
+@hookspec
+def prism_provider_kinds() -> Mapping[str, ProviderFactory] | None:
+    """Register provider kinds: return ``{"kind-name": factory}``.
+
+    A catalog table ``[providers.x]`` with ``kind = "kind-name"`` is built by
+    calling ``factory(spec)``; the factory validates ``spec.options`` (raise
+    ``spec.error(key, problem)``) and returns a ``prism_proxy.Provider``.
+    Called once at start-up.  Fan-out; two plugins claiming the same kind is
+    a start-up error.
+    """
+
+
+@hookspec
+def prism_catalog_keys() -> CatalogKeys | None:
+    """Declare the extra catalog keys this plugin reads on models and chain lines.
+
+    The core rejects unknown keys in the catalog; a plugin that reads, say,
+    ``price`` on chain lines returns ``CatalogKeys(binding=frozenset({"price"}))``.
+    Called once at start-up, before the catalog is validated.  Fan-out.
+    """
+
+
+@hookspec
+def prism_app_setup(app: web.Application, config: Config) -> None:
+    """Add routes, middlewares, app state and background tasks to the gateway app.
+
+    Called once while the app is built, before it starts.  Store state under
+    your own ``web.AppKey``; start background tasks with
+    ``app.cleanup_ctx.append(...)`` so they stop with the app.  This is where
+    I/O belongs (refreshing shared state, connecting to stores), never in a
+    decision hook.  Fan-out; the result is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def prism_authenticate(call: Call, request: web.Request) -> Principal | None:
+    """Establish who is calling.
+
+    Called for every call after its body is parsed and validated, before the
+    model is resolved.  Return a ``Principal`` to accept, raise
+    ``PrismError(401, ...)`` or ``PrismError(403, ...)`` to refuse, or return
+    None to let the next implementation decide.  The built-in default
+    (``trylast``) accepts everyone as anonymous.  First result wins.  Must not
+    log or echo the credential.
+    """
+
+
+@hookspec
+def prism_call_start(call: Call, request: web.Request) -> None:
+    """Set per-call policy once the caller and model are known.
+
+    Called for every authenticated call before its route is chosen.  May set
+    ``call.attempt_timeout_s``, ``call.timeout_retry``, ``call.metadata``,
+    ``call.extensions[...]`` and add ``call.response_headers``; may raise
+    ``PrismError`` to refuse the call with a 4xx.  Fan-out.
+    """
+
+
+@hookspec(firstresult=True)
+def prism_select_route(call: Call) -> Route | None:
+    """Choose the chain of bindings to try for ``call``.
+
+    ``call.model`` is the resolved ``ModelSpec``.  Return a ``Route`` to
+    decide, or None to let the next implementation decide; the built-in
+    default (``trylast``) returns the model's own chain.  A wrapper
+    (``hookwrapper=True`` or ``wrapper=True``) may filter or reorder the
+    chosen route, e.g. a breaker skipping open bindings; record what you
+    left out in ``route.skipped`` and why in ``route.notes``.  Synchronous and
+    cheap: no I/O.  First result wins.
+    """
+
+
+@hookspec(firstresult=True)
+def prism_classify(call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict | None:
+    """Classify one attempt's upstream result into a ``Verdict``.
+
+    Called once per attempt, when the attempt's fate is known: a complete
+    non-streaming body, a stream reaching its first content (commit point),
+    an error status with its body, a connection error, a timeout, or the
+    client going away.  Look at the status AND the body.  Return None to defer
+    to the next implementation; the built-in default is ``trylast``, so a
+    provider plugin overrides it with ``tryfirst`` for its own error model.
+    Must not mutate ``result``.  Synchronous and cheap.  First result wins.
+    """
+
+
+@hookspec
+def prism_on_attempt(call: Call, attempt: Attempt) -> Awaitable[None] | None:
+    """Observe a classified attempt (breakers, health, latency statistics, metrics).
+
+    Called once per attempt right after ``prism_classify``; ``attempt.verdict``
+    is set.  Observers must not change the attempt.  An implementation may
+    return an awaitable; the core awaits all of them before deciding what to
+    do next, so keep it short.  Fan-out.
+    """
+
+
+@hookspec
+def prism_settle(call: Call, settlement: Settlement) -> Awaitable[None] | None:
+    """Account for a finished call: exactly once per call, whatever happened.
+
+    Called for every call, including those refused for bad input.
+    ``settlement.served`` is the attempt whose answer reached the caller (the
+    only one that may be billed) and ``settlement.usage`` its usage.  An
+    implementation may return an awaitable; the core awaits all of them
+    before the response completes: for a non-streaming call before the body
+    is sent, for a stream before its final event.  Raising is logged, never
+    shown to the caller.  Fan-out.
+    """

@@ -1,0 +1,92 @@
+"""Relaying the serving attempt to the caller, settling the call before the answer completes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .call import Call, Outcome, Settlement, Usage
+from .dispatch import Served
+from .errors import PrismError
+from .gateway import Gateway
+from .record import prism_headers
+from .stream import StreamBroken, UpstreamStream
+from .wire.openai import DONE_EVENT, error_event, estimate_usage, usage_from
+
+__all__ = ["relay"]
+
+_STREAM_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+async def relay(gw: Gateway, call: Call, served: Served, request: web.Request) -> web.StreamResponse:
+    call.served = served.attempt
+    if served.attempt.outcome is Outcome.EMPTY:
+        call.response_headers["x-prism-outcome"] = "empty"
+    if served.stream is None:
+        return await _relay_body(gw, call, served)
+    return await _relay_stream(gw, call, served, served.stream, request)
+
+
+async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
+    result = served.result
+    served.response.release()
+    await gw.settle(call, Settlement("ok", 200, served.attempt, usage_from(result.json)))
+    headers = prism_headers(call)
+    headers["Content-Type"] = served.response.headers.get("Content-Type", "application/json")
+    return web.Response(body=result.body, status=200, headers=headers)
+
+
+def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
+    return stream.usage or estimate_usage(call.body, stream.delivered_chars)
+
+
+async def _relay_stream(
+    gw: Gateway, call: Call, served: Served, stream: UpstreamStream, request: web.Request
+) -> web.StreamResponse:
+    headers = prism_headers(call)
+    headers.update(_STREAM_HEADERS)
+    response = web.StreamResponse(status=200, headers=headers)
+    try:
+        await response.prepare(request)
+        try:
+            async for batch in stream.batches():
+                await response.write(batch)
+        except StreamBroken as broken:
+            served.response.close()
+            err = PrismError(
+                502,
+                "upstream_stream_broken",
+                f"the stream from {served.attempt.binding.id} broke after the answer started "
+                f"({broken.reason}); no other provider was spliced in",
+                type="api_error",
+                extra={"request_id": call.request_id},
+            )
+            usage = _usage_so_far(call, stream)
+            await gw.settle(
+                call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
+            )
+            await response.write(error_event(err))
+            await response.write_eof()
+            return response
+        served.response.release()
+        await gw.settle(call, Settlement("ok", 200, served.attempt, _usage_so_far(call, stream)))
+        await response.write(DONE_EVENT)
+        await response.write_eof()
+    except asyncio.CancelledError:
+        # The client went away (or shutdown's grace ran out): drop the upstream at once.
+        await _abort(gw, call, served, stream)
+        raise
+    except ConnectionResetError:
+        await _abort(gw, call, served, stream)
+    return response
+
+
+async def _abort(gw: Gateway, call: Call, served: Served, stream: UpstreamStream) -> None:
+    served.response.close()
+    usage = _usage_so_far(call, stream)
+    await gw.settle(call, Settlement("aborted", 499, served.attempt, usage, "client_closed"))

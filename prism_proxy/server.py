@@ -1,0 +1,97 @@
+"""Running the gateway: listening, draining on SIGTERM, and the event loop choice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from .config import Config
+
+__all__ = ["Listening", "listen", "run", "serve"]
+
+log = logging.getLogger("prism")
+
+
+@attrs.define(eq=False)
+class Listening:
+    """An app accepting connections; ``stop()`` drains in-flight calls, then cancels the rest."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def listen(app: web.Application, host: str, port: int, *, grace_s: float) -> Listening:
+    """Start ``app`` on ``host:port`` (0 picks a free port).
+
+    Handler cancellation is on: a caller that disconnects cancels its
+    handler, which closes the upstream connection at once.  On stop, the
+    listener closes first, in-flight calls get ``grace_s`` to finish, then
+    the rest are cancelled (and settle as aborted).
+    """
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=grace_s, access_log=None
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_port = runner.addresses[0][1]
+    return Listening(runner, host, bound_port)
+
+
+async def serve(
+    app: web.Application,
+    config: Config,
+    *,
+    started: Callable[[Listening], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then drain for ``shutdown_grace_s``."""
+    listening = await listen(
+        app, config.listen.host, config.listen.port, grace_s=config.shutdown_grace_s
+    )
+    log.info("Prism listening on %s (config: %s)", listening.url, config.source)
+    if started is not None:
+        await started(listening)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    log.info("draining: in-flight calls have %.0f s to finish", config.shutdown_grace_s)
+    await listening.stop()
+    log.info("stopped")
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        factory = None
+    else:
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner, contextlib.suppress(KeyboardInterrupt):
+        runner.run(main)

@@ -1,0 +1,52 @@
+"""Incremental Server-Sent Events splitting, for relaying upstream streams as they arrive."""
+
+from __future__ import annotations
+
+__all__ = ["SSEBuffer", "event_data"]
+
+
+class SSEBuffer:
+    """Cuts a byte stream into complete events (each ending with a blank line).
+
+    Raw event bytes are kept as received so a relay can forward them without
+    re-encoding.  CRLF line endings are normalised to LF.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._pending + data if self._pending else data
+        events = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            events.append(buf[start : end + 2])
+            start = end + 2
+        self._pending = buf[start:]
+        return events
+
+    @property
+    def leftover(self) -> bytes:
+        """Bytes of an event that never ended (the stream broke mid-event)."""
+        return self._pending
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The joined ``data:`` lines of one event, or None for a comment-only event."""
+    if event.startswith(b"data: ") and event.count(b"\n") == 2:
+        return event[6:-2]
+    parts = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    if not parts:
+        return None
+    return b"\n".join(parts)

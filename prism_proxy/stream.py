@@ -1,0 +1,156 @@
+"""Reading an upstream OpenAI-format stream: up to the commit point, then onwards.
+
+The commit point is the first event that carries content (text, a tool
+call, a refusal or a finish reason).  Everything before it is held back so
+that a failure there is an ordinary attempt failure; everything after it is
+forwarded as it arrives, as the upstream's own bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from .call import Usage
+from .providers import UpstreamResponse
+from .sse import SSEBuffer, event_data
+from .wire.openai import ChunkKind, chunk_kind, delta_text_length, usage_from
+
+__all__ = ["StreamBroken", "UpstreamStream"]
+
+_READ_ERRORS = (aiohttp.ClientError, OSError)
+
+
+class StreamBroken(Exception):
+    """The upstream stream ended badly after the commit point.
+
+    ``payload`` is the upstream's error event, if it sent one.
+    """
+
+    def __init__(self, reason: str, payload: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.payload = payload
+
+
+class UpstreamStream:
+    __slots__ = (
+        "response",
+        "_chunks",
+        "_sse",
+        "_queue",
+        "_forward_usage",
+        "pending",
+        "usage",
+        "delivered_chars",
+        "finished",
+        "done",
+    )
+
+    def __init__(self, response: UpstreamResponse, *, forward_usage: bool) -> None:
+        self.response = response
+        self._chunks = response.iter_chunks().__aiter__()
+        self._sse = SSEBuffer()
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._forward_usage = forward_usage
+        #: Events read but not yet forwarded (the held-back prelude).
+        self.pending: list[bytes] = []
+        self.usage: Usage | None = None
+        #: Characters of answer text forwarded, for estimating a cut stream's usage.
+        self.delivered_chars = 0
+        self.finished = False
+        self.done = False
+
+    async def _fill(self) -> bool:
+        """Read from the network until at least one event is queued; False at EOF."""
+        while not self._queue:
+            data = await self._chunks.__anext__()
+            self._queue.extend(self._sse.feed(data))
+        return True
+
+    async def until_commit(self) -> tuple[bytes | None, bool]:
+        """Read up to the commit point.
+
+        Returns ``(data, broken)``: the data of the committing event (or of an
+        error event sent before any content) and whether the stream broke
+        before content.  Reading errors other than a plain break propagate.
+        """
+        while True:
+            try:
+                await self._fill()
+            except StopAsyncIteration:
+                return None, True
+            except _READ_ERRORS:
+                return None, True
+            event = self._queue.popleft()
+            data = event_data(event)
+            if data is None:
+                continue
+            kind, payload = chunk_kind(data)
+            if kind is ChunkKind.ERROR:
+                return data, False
+            if kind is ChunkKind.DONE:
+                return None, True
+            self._take(kind, payload, event, self.pending)
+            if kind is ChunkKind.CONTENT:
+                return data, False
+
+    def _take(self, kind: ChunkKind, payload: Any, event: bytes, out: list[bytes]) -> None:
+        if kind is ChunkKind.USAGE:
+            self.usage = usage_from(payload)
+            if self._forward_usage:
+                out.append(event)
+            return
+        if kind is ChunkKind.CONTENT:
+            self.delivered_chars += delta_text_length(payload)
+            for choice in payload["choices"]:
+                if choice.get("finish_reason"):
+                    self.finished = True
+        if payload.get("usage"):
+            self.usage = usage_from(payload)
+        out.append(event)
+
+    async def batches(self) -> AsyncIterator[bytes]:
+        """Forwardable bytes after the commit point, one batch per network read.
+
+        Ends cleanly at ``[DONE]`` (which is not yielded: the relay writes it
+        after settling) or at EOF after a finish reason; raises
+        :class:`StreamBroken` otherwise.
+        """
+        if self.pending:
+            yield b"".join(self.pending)
+            self.pending.clear()
+        while not self.done:
+            try:
+                await self._fill()
+            except StopAsyncIteration:
+                if self.finished:
+                    self.done = True
+                    return
+                raise StreamBroken("upstream closed the stream before it finished") from None
+            except _READ_ERRORS as exc:
+                raise StreamBroken(f"upstream connection broke: {type(exc).__name__}") from None
+            out: list[bytes] = []
+            broken: StreamBroken | None = None
+            queue = self._queue
+            while queue:
+                event = queue.popleft()
+                data = event_data(event)
+                if data is None:
+                    out.append(event)
+                    continue
+                kind, payload = chunk_kind(data)
+                if kind is ChunkKind.DONE:
+                    self.done = True
+                    break
+                if kind is ChunkKind.ERROR:
+                    broken = StreamBroken("upstream sent an error event", payload)
+                    break
+                self._take(kind, payload, event, out)
+            if out:
+                yield b"".join(out)
+            if broken is not None:
+                raise broken

@@ -1,0 +1,129 @@
+"""A pytest plugin for testing Prism and Prism plugins through the real server.
+
+Installed with ``prism-proxy`` (entry point ``pytest11``), so a vendor's
+provider plugin is tested exactly the way the core's are:
+
+- ``prism_fake``: a running fake upstream (needs ``prism-fake-upstream``);
+- ``prism_plugin``: ``prism_plugin(obj, "name")`` registers a plugin object in
+  every gateway the test starts afterwards;
+- ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
+  starts the real app on a loopback port and returns a :class:`GatewayUnderTest`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import pytest
+from aiohttp import web
+
+from .app import create_app
+from .config import config_from_mapping
+from .gateway import GATEWAY, Gateway
+from .server import Listening, listen
+
+if TYPE_CHECKING:
+    import openai
+    from prism_fake_upstream import FakeUpstream
+
+__all__ = ["GatewayUnderTest", "PluginRegistry", "StartGateway"]
+
+
+@attrs.define(eq=False)
+class GatewayUnderTest:
+    app: web.Application
+    listening: Listening
+
+    @property
+    def url(self) -> str:
+        return self.listening.url
+
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI SDK's ``base_url`` should be."""
+        return self.listening.url + "/v1"
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.app[GATEWAY]
+
+    def openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """An ``openai.AsyncOpenAI`` client for this gateway, with SDK retries off."""
+        import openai
+
+        kwargs.setdefault("api_key", "prism-test")
+        kwargs.setdefault("max_retries", 0)
+        return openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
+
+    async def stop(self) -> None:
+        await self.listening.stop()
+
+
+@attrs.define
+class PluginRegistry:
+    plugins: list[tuple[object, str]] = attrs.field(factory=list)
+
+    def __call__(self, plugin: object, name: str) -> None:
+        self.plugins.append((plugin, name))
+
+
+class StartGateway(Protocol):
+    def __call__(
+        self,
+        catalog: Mapping[str, Any],
+        *,
+        config: Mapping[str, Any] | None = None,
+        sections: Mapping[str, Mapping[str, Any]] | None = None,
+        plugins: Iterable[tuple[object, str]] = (),
+        clock: Callable[[], float] = time.monotonic,
+        base_dir: Path | None = None,
+    ) -> Awaitable[GatewayUnderTest]: ...
+
+
+@pytest.fixture
+async def prism_fake() -> AsyncIterator[FakeUpstream]:
+    """A fake upstream on a free loopback port; ``fake.base_url("ok")`` for a catalog."""
+    from prism_fake_upstream import FakeUpstream
+
+    async with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+def prism_plugin() -> PluginRegistry:
+    return PluginRegistry()
+
+
+@pytest.fixture
+async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGateway]:
+    started: list[GatewayUnderTest] = []
+
+    async def start(
+        catalog: Mapping[str, Any],
+        *,
+        config: Mapping[str, Any] | None = None,
+        sections: Mapping[str, Mapping[str, Any]] | None = None,
+        plugins: Iterable[tuple[object, str]] = (),
+        clock: Callable[[], float] = time.monotonic,
+        base_dir: Path | None = None,
+    ) -> GatewayUnderTest:
+        cfg = config_from_mapping(
+            dict(config or {}),
+            sections,
+            source="<test config>",
+            base_dir=base_dir,
+            catalog_data=dict(catalog),
+        )
+        app = create_app(cfg, plugins=[*prism_plugin.plugins, *plugins], clock=clock)
+        listening = await listen(app, "127.0.0.1", 0, grace_s=cfg.shutdown_grace_s)
+        gateway = GatewayUnderTest(app, listening)
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in reversed(started):
+        await gateway.stop()

@@ -1,0 +1,230 @@
+"""The OpenAI wire format: request validation, stream chunk inspection, usage, error shapes."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import orjson
+
+from ..call import Usage
+from ..errors import PrismError
+
+__all__ = [
+    "ChunkKind",
+    "chunk_kind",
+    "error_event",
+    "error_payload",
+    "usage_from",
+    "validate_chat",
+    "validate_embeddings",
+]
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def _bad(code: str, message: str, param: str) -> PrismError:
+    return PrismError(400, code, message, param=param)
+
+
+def _require_str(body: dict[str, Any], key: str) -> str:
+    if key not in body:
+        raise _bad("missing_field", f"'{key}' is required", key)
+    value = body[key]
+    if not isinstance(value, str) or not value:
+        raise _bad("invalid_type", f"'{key}' must be a non-empty string", key)
+    return value
+
+
+def _optional(body: dict[str, Any], key: str, types: tuple[type, ...], what: str) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise _bad("invalid_type", f"'{key}' must be {what}", key)
+    return value
+
+
+def _check_number_fields(body: dict[str, Any]) -> None:
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        value = _optional(body, key, (int,), "a whole number")
+        if value is not None and value < 1:
+            raise _bad("invalid_value", f"'{key}' must be at least 1", key)
+    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        _optional(body, key, (int, float), "a number")
+
+
+def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
+    """Check a chat completion request; returns (model, stream, include_usage)."""
+    model = _require_str(body, "model")
+    if "messages" not in body:
+        raise _bad("missing_field", "'messages' is required", "messages")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise _bad("invalid_type", "'messages' must be an array of message objects", "messages")
+    if not messages:
+        raise _bad("invalid_value", "'messages' must contain at least one message", "messages")
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise _bad("invalid_type", f"'{where}' must be an object", where)
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad("invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise _bad(
+                "invalid_type",
+                f"'{where}.content' must be a string or an array of content parts",
+                f"{where}.content",
+            )
+    stream = bool(_optional(body, "stream", (bool,), "true or false"))
+    options = _optional(body, "stream_options", (dict,), "an object")
+    include_usage = False
+    if options is not None:
+        flag = options.get("include_usage")
+        if flag is not None and not isinstance(flag, bool):
+            raise _bad(
+                "invalid_type",
+                "'stream_options.include_usage' must be true or false",
+                "stream_options.include_usage",
+            )
+        include_usage = bool(flag)
+    _check_number_fields(body)
+    _optional(body, "tools", (list,), "an array")
+    _optional(body, "metadata", (dict,), "an object")
+    return model, stream, include_usage
+
+
+def validate_embeddings(body: dict[str, Any]) -> str:
+    """Check an embeddings request; returns the model."""
+    model = _require_str(body, "model")
+    if "input" not in body:
+        raise _bad("missing_field", "'input' is required", "input")
+    value = body["input"]
+    ok = isinstance(value, str) and value != ""
+    if isinstance(value, list) and value:
+        ok = (
+            all(isinstance(item, str) for item in value)
+            or all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+            or all(
+                isinstance(item, list)
+                and item
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+                for item in value
+            )
+        )
+    if not ok:
+        raise _bad(
+            "invalid_type",
+            "'input' must be a non-empty string, array of strings, or array of token arrays",
+            "input",
+        )
+    fmt = _optional(body, "encoding_format", (str,), "a string")
+    if fmt is not None and fmt not in ("float", "base64"):
+        raise _bad("invalid_value", "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    dims = _optional(body, "dimensions", (int,), "a whole number")
+    if dims is not None and dims < 1:
+        raise _bad("invalid_value", "'dimensions' must be at least 1", "dimensions")
+    return model
+
+
+class ChunkKind(enum.Enum):
+    PRELUDE = 0  # role-only or otherwise content-free chunk before the answer
+    CONTENT = 1  # carries content, a tool call, a refusal or a finish reason
+    USAGE = 2  # the trailing usage-only chunk (choices == [])
+    ERROR = 3  # an error event
+    DONE = 4  # the [DONE] sentinel
+
+
+def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
+    """Classify one stream event's data; returns the kind and the parsed payload."""
+    if data == b"[DONE]":
+        return ChunkKind.DONE, None
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ChunkKind.ERROR, None
+    if not isinstance(payload, dict):
+        return ChunkKind.ERROR, payload
+    choices = payload.get("choices")
+    if choices is None:
+        return (ChunkKind.ERROR if "error" in payload else ChunkKind.PRELUDE), payload
+    if not choices:
+        return (ChunkKind.USAGE if payload.get("usage") else ChunkKind.PRELUDE), payload
+    for choice in choices:
+        if choice.get("finish_reason"):
+            return ChunkKind.CONTENT, payload
+        delta = choice.get("delta") or {}
+        if (
+            delta.get("content")
+            or delta.get("tool_calls")
+            or delta.get("refusal")
+            or delta.get("function_call")
+        ):
+            return ChunkKind.CONTENT, payload
+    return ChunkKind.PRELUDE, payload
+
+
+def delta_text_length(payload: Any) -> int:
+    """Characters of answer text in one chunk (for estimating usage of a cut stream)."""
+    total = 0
+    for choice in payload.get("choices") or ():
+        delta = choice.get("delta") or {}
+        content = delta.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        for call in delta.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments")
+            if isinstance(arguments, str):
+                total += len(arguments)
+    return total
+
+
+def usage_from(payload: Any) -> Usage | None:
+    """The usage object of a completion, chunk or embeddings answer, if present."""
+    if not isinstance(payload, dict):
+        return None
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details") or {}
+    return Usage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+        cached_input_tokens=int(details.get("cached_tokens") or 0),
+    )
+
+
+def error_payload(err: PrismError) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "message": err.message,
+        "type": err.type,
+        "param": err.param,
+        "code": err.code,
+    }
+    error.update(err.extra)
+    return {"error": error}
+
+
+def error_event(err: PrismError) -> bytes:
+    """The explicit error event that ends a stream which broke after its commit point."""
+    return b"data: " + orjson.dumps(error_payload(err)) + b"\n\n"
+
+
+def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
+    """Usage of a cut stream when the provider never reported it: about 4 characters a token."""
+    prompt_chars = 0
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            prompt_chars += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    prompt_chars += len(part["text"])
+    return Usage(
+        input_tokens=-(-prompt_chars // 4),
+        output_tokens=-(-delivered_chars // 4),
+        estimated=True,
+    )

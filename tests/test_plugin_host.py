@@ -1,0 +1,69 @@
+"""Plugin discovery, disable, required_plugins and hook validation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from prism_proxy import ConfigError, config_from_mapping, create_app, hookimpl
+
+CATALOG = {
+    "providers": {"alpha": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"}},
+    "models": {"m": {"chain": [{"provider": "alpha", "model": "x"}]}},
+}
+
+
+def config(**core: object):
+    return config_from_mapping(core, catalog_data=CATALOG, source="prism.ini")
+
+
+def test_installed_provider_plugin_is_loaded_through_its_entry_point():
+    app = create_app(config())
+    from prism_proxy import GATEWAY
+
+    assert app[GATEWAY].pm.has_plugin("openai")
+    assert type(app[GATEWAY].providers["alpha"]).__name__ == "OpenAIProvider"
+
+
+def test_disable_blocks_a_plugin_before_it_loads():
+    with pytest.raises(ConfigError, match="unknown provider kind 'openai'"):
+        create_app(config(disable="openai"))
+
+
+def test_required_plugin_missing_stops_start_up():
+    with pytest.raises(ConfigError, match=r"required_plugins: plugin 'billing' is required but not installed"):
+        create_app(config(required_plugins="openai, billing"))
+
+
+def test_required_plugin_that_is_disabled_is_named_as_such():
+    with pytest.raises(ConfigError, match="required but disabled"):
+        create_app(config(required_plugins="openai", disable="openai"))
+
+
+class Misspelled:
+    @hookimpl
+    def prism_setle(self, call):  # noqa: ARG002 - the typo is the point
+        return None
+
+
+def test_hook_implementation_matching_no_spec_is_rejected():
+    with pytest.raises(ConfigError, match="prism_setle"):
+        create_app(config(), plugins=[(Misspelled(), "typo")])
+
+
+def test_disable_also_applies_to_directly_registered_plugins():
+    create_app(config(disable="typo"), plugins=[(Misspelled(), "typo")])
+
+
+def test_prism_plugins_lists_where_each_plugin_came_from(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "prism_proxy.cli", "plugins"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("openai "))
+    assert "prism-openai" in line
+    assert "prism_openai" in line and "plugin.py" in line
+    assert any(line.startswith("prism.default-classify ") for line in result.stdout.splitlines())

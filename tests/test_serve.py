@@ -1,0 +1,93 @@
+"""`prism serve` as an operator runs it: a real process, SIGTERM drains, then cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from prism_fake_upstream import Fault
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def start_prism(tmp_path: Path, fake, grace_s: float) -> tuple[asyncio.subprocess.Process, str]:
+    port = free_port()
+    (tmp_path / "prism.ini").write_text(
+        f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\nshutdown_grace_s = {grace_s}\n"
+    )
+    (tmp_path / "catalog.toml").write_text(
+        f'[providers.p]\nkind = "openai"\nbase_url = "{fake.base_url("slow-stream")}"\n'
+        '[models.m]\nchain = [ { provider = "p", model = "x" } ]\n'
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "prism_proxy.cli", "serve", "--config", str(tmp_path / "prism.ini"),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            try:
+                async with session.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        return process, url
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    process.kill()
+    raise AssertionError("prism serve did not become ready")
+
+
+async def stream_after_sigterm(process, url: str) -> bytes:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+        ) as response:
+            assert response.status == 200
+            first = await response.content.readline()
+            process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            # The listener is closed: a new caller is refused while the old one is served.
+            try:
+                async with aiohttp.ClientSession() as other:
+                    await other.get(url + "/healthz")
+                refused = False
+            except aiohttp.ClientConnectionError:
+                refused = True
+            assert refused
+            try:
+                rest = await response.content.read()
+            except aiohttp.ClientPayloadError:
+                rest = b"<broken>"
+            return first + rest
+
+
+async def test_sigterm_lets_an_inflight_stream_finish(prism_fake, tmp_path):
+    prism_fake.script("slow-stream", [Fault(token_delay_s=0.1, text="one two three four five six")])
+    process, url = await start_prism(tmp_path, prism_fake, grace_s=10)
+    body = await stream_after_sigterm(process, url)
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert await asyncio.wait_for(process.wait(), 15) == 0
+    stderr = (await process.stderr.read()).decode()
+    assert "outcome=ok" in stderr
+
+
+async def test_sigterm_cancels_what_outlasts_the_grace_period(prism_fake, tmp_path):
+    prism_fake.script("slow-stream", [Fault(token_delay_s=0.5, text=" ".join(["w"] * 40))])
+    process, url = await start_prism(tmp_path, prism_fake, grace_s=1)
+    body = await asyncio.wait_for(stream_after_sigterm(process, url), 15)
+    assert not body.endswith(b"data: [DONE]\n\n")
+    assert await asyncio.wait_for(process.wait(), 15) == 0
+    stderr = (await process.stderr.read()).decode()
+    assert "outcome=aborted" in stderr
+    assert prism_fake.dropped("slow-stream") == 1
