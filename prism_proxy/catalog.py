@@ -138,7 +138,7 @@ def load_catalog(
     for name, table in _tables(data, "providers", err).items():
         kind = table.get("kind")
         if not isinstance(kind, str) or not kind:
-            raise err(f"providers.{name}.kind", "missing: name the provider kind, e.g. \"openai\"")
+            raise err(f"providers.{name}.kind", 'missing: name the provider kind, e.g. "openai"')
         if known_kinds is not None and kind not in known_kinds:
             installed = ", ".join(sorted(known_kinds)) or "none installed"
             raise err(f"providers.{name}.kind", f"unknown provider kind {kind!r} ({installed})")

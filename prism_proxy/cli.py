@@ -69,8 +69,10 @@ def _check(config: Config) -> int:
     gw = app[GATEWAY]
     plugins = ", ".join(sorted(name for name, _ in gw.pm.list_name_plugin()))
     print(f"{config.source}: ok")
-    print(f"catalog {gw.catalog.source}: {len(gw.catalog.providers)} providers, "
-          f"{len(gw.catalog.models)} models")
+    print(
+        f"catalog {gw.catalog.source}: {len(gw.catalog.providers)} providers, "
+        f"{len(gw.catalog.models)} models"
+    )
     print(f"plugins: {plugins}")
     return 0
 
@@ -87,7 +89,9 @@ def _plugins(path: str | None) -> int:
     header = ("plugin", "distribution", "version", "location")
     widths = [max(len(row[col]) for row in [header, *rows]) for col in range(3)]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3])
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3]
+        )
     for name in config.disable:
         print(f"{name}: disabled by [prism] disable in {config.source}")
     return 0
@@ -129,7 +133,7 @@ async def _demo_banner(listening: Listening) -> None:
     print(
         f"\nPrism demo on {listening.url} (fake upstream on 127.0.0.1:{DEMO_UPSTREAM_PORT}).\n"
         f"Try:\n  curl -s {listening.url}/v1/chat/completions -H 'content-type: application/json' "
-        "-d '{\"model\": \"chat-a\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}' -i\n"
+        '-d \'{"model": "chat-a", "messages": [{"role": "user", "content": "hi"}]}\' -i\n'
         "Press Ctrl-C to stop.\n",
         flush=True,
     )

@@ -57,7 +57,9 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
     raise exhausted(call)
 
 
-async def _attempt(gw: Gateway, call: Call, binding: Binding) -> tuple[Served | None, UpstreamResult]:
+async def _attempt(
+    gw: Gateway, call: Call, binding: Binding
+) -> tuple[Served | None, UpstreamResult]:
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
     response: UpstreamResponse | None = None

@@ -135,7 +135,9 @@ async def get_model(request: web.Request) -> web.Response:
     catalog = request.app[GATEWAY].catalog
     name = request.match_info["model"]
     if catalog.resolve(name) is None:
-        err = PrismError(404, "model_not_found", f"model '{name}' is not in the catalog", param="model")
+        err = PrismError(
+            404, "model_not_found", f"model '{name}' is not in the catalog", param="model"
+        )
         return web.json_response(error_payload(err), status=404, dumps=_dumps)
     return web.json_response(_model_object(name), dumps=_dumps)
 
@@ -159,4 +161,6 @@ async def readyz(request: web.Request) -> web.Response:
     if not gw.ready:
         return web.json_response({"status": "starting"}, status=503)
     plugins = sorted(name for name, _ in gw.pm.list_name_plugin())
-    return web.json_response({"status": "ready", "plugins": plugins, "models": len(gw.catalog.models)})
+    return web.json_response(
+        {"status": "ready", "plugins": plugins, "models": len(gw.catalog.models)}
+    )

@@ -20,7 +20,6 @@ __all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "describe_plugins", "make_plugin_m
 ENTRY_POINT_GROUP = "prism_proxy"
 
 
-
 def make_plugin_manager(
     config: Config,
     *,

@@ -72,7 +72,7 @@ ProviderFactory = Callable[[ProviderSpec], Provider]
 
 
 class _AiohttpResponse:
-    __slots__ = ("_response", "status", "headers")
+    __slots__ = ("_response", "headers", "status")
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response

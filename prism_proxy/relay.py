@@ -23,7 +23,9 @@ _STREAM_HEADERS = {
 }
 
 
-async def relay(gw: Gateway, call: Call, served: Served, request: web.Request) -> web.StreamResponse:
+async def relay(
+    gw: Gateway, call: Call, served: Served, request: web.Request
+) -> web.StreamResponse:
     call.served = served.attempt
     if served.attempt.outcome is Outcome.EMPTY:
         call.response_headers["x-prism-outcome"] = "empty"

@@ -38,16 +38,16 @@ class StreamBroken(Exception):
 
 class UpstreamStream:
     __slots__ = (
-        "response",
         "_chunks",
-        "_sse",
-        "_queue",
         "_forward_usage",
-        "pending",
-        "usage",
+        "_queue",
+        "_sse",
         "delivered_chars",
-        "finished",
         "done",
+        "finished",
+        "pending",
+        "response",
+        "usage",
     )
 
     def __init__(self, response: UpstreamResponse, *, forward_usage: bool) -> None:

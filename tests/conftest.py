@@ -3,12 +3,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from prism_fake_upstream import FakeUpstream
+
 from prism_proxy import hookimpl
 
 
-def two_provider_catalog(fake: FakeUpstream, first: str = "err500", second: str = "ok") -> dict[str, Any]:
+def two_provider_catalog(
+    fake: FakeUpstream, first: str = "err500", second: str = "ok"
+) -> dict[str, Any]:
     """The README's example catalog, pointed at the test's fake upstream."""
     return {
         "providers": {

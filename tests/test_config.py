@@ -39,7 +39,9 @@ def test_prism_ini_found_from_a_subdirectory(tmp_path):
 
 
 def test_setup_cfg_section(tmp_path):
-    write(tmp_path, "setup.cfg", "[metadata]\nname = x\n[prism]\ncatalog = c.toml\ndisable = a, b\n")
+    write(
+        tmp_path, "setup.cfg", "[metadata]\nname = x\n[prism]\ncatalog = c.toml\ndisable = a, b\n"
+    )
     config = load_config(start=tmp_path)
     assert config.source.endswith("setup.cfg")
     assert config.disable == ("a", "b")
@@ -75,7 +77,9 @@ def test_plugin_section_from_ini(tmp_path):
     write(tmp_path, "prism.ini", "[prism]\ncatalog = c.toml\n[prism:breaker]\nconsecutive = 4\n")
     config = load_config(start=tmp_path)
     assert config.section("breaker").get_int("consecutive", 3) == 4
-    with pytest.raises(ConfigError, match=r"prism\.ini: \[prism:breaker\] consecutive: must be at most 3"):
+    with pytest.raises(
+        ConfigError, match=r"prism\.ini: \[prism:breaker\] consecutive: must be at most 3"
+    ):
         config.section("breaker").get_int("consecutive", 3, max=3)
 
 
@@ -84,29 +88,75 @@ def test_plugin_section_from_ini(tmp_path):
     [
         ("catalog = missing.toml", None, "catalog", "file not found"),
         ("catalog = c.toml\nlisten = nowhere", CATALOG, "[prism] listen", "expected HOST:PORT"),
-        ("catalog = c.toml\nlisten = 127.0.0.1:http", CATALOG, "[prism] listen", "port must be a number"),
+        (
+            "catalog = c.toml\nlisten = 127.0.0.1:http",
+            CATALOG,
+            "[prism] listen",
+            "port must be a number",
+        ),
         ("catalog = c.toml\nlisen = 127.0.0.1:1", CATALOG, "[prism] lisen", "unknown key"),
-        ("catalog = c.toml\nmax_body_bytes = lots", CATALOG, "[prism] max_body_bytes", "whole number"),
-        ("catalog = c.toml\nattempt_timeout_ms = 10", CATALOG, "[prism] attempt_timeout_ms",
-         "at least 1000"),
-        ("catalog = c.toml\npermanent_markers = quota", CATALOG, "[prism] permanent_markers",
-         "bare word 'quota'"),
+        (
+            "catalog = c.toml\nmax_body_bytes = lots",
+            CATALOG,
+            "[prism] max_body_bytes",
+            "whole number",
+        ),
+        (
+            "catalog = c.toml\nattempt_timeout_ms = 10",
+            CATALOG,
+            "[prism] attempt_timeout_ms",
+            "at least 1000",
+        ),
+        (
+            "catalog = c.toml\npermanent_markers = quota",
+            CATALOG,
+            "[prism] permanent_markers",
+            "bare word 'quota'",
+        ),
         ("listen = 127.0.0.1:1", None, "[prism] catalog", "missing"),
         ("catalog = c.toml", "[models.x\n", "(file)", "not valid TOML"),
-        ("catalog = c.toml", CATALOG.replace('provider = "alpha"', 'provider = "gamma"'),
-         "models.chat-a.chain[0].provider", "unknown provider 'gamma'"),
-        ("catalog = c.toml", CATALOG.replace('kind = "openai"', 'kind = "carrier-pigeon"'),
-         "providers.alpha.kind", "unknown provider kind 'carrier-pigeon'"),
-        ("catalog = c.toml", CATALOG + "temperature = 3\n", "models.chat-a.temperature",
-         "unknown key"),
-        ("catalog = c.toml", CATALOG.replace("[models.chat-a]", "[model.chat-a]"), "model",
-         "unknown table"),
-        ("catalog = c.toml", CATALOG.replace('base_url = "http', 'base_url = "ftp'),
-         "providers.alpha.base_url", "http(s) URL"),
-        ("catalog = c.toml", CATALOG.replace("kind =", "colour = 1\nkind ="),
-         "providers.alpha.colour", "unknown option"),
-        ("catalog = c.toml", CATALOG.replace("chain = [ { provider = \"alpha\", model = \"up-alpha\" } ]", "chain = []"),
-         "models.chat-a.chain", "missing or empty"),
+        (
+            "catalog = c.toml",
+            CATALOG.replace('provider = "alpha"', 'provider = "gamma"'),
+            "models.chat-a.chain[0].provider",
+            "unknown provider 'gamma'",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG.replace('kind = "openai"', 'kind = "carrier-pigeon"'),
+            "providers.alpha.kind",
+            "unknown provider kind 'carrier-pigeon'",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG + "temperature = 3\n",
+            "models.chat-a.temperature",
+            "unknown key",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG.replace("[models.chat-a]", "[model.chat-a]"),
+            "model",
+            "unknown table",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG.replace('base_url = "http', 'base_url = "ftp'),
+            "providers.alpha.base_url",
+            "http(s) URL",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG.replace("kind =", "colour = 1\nkind ="),
+            "providers.alpha.colour",
+            "unknown option",
+        ),
+        (
+            "catalog = c.toml",
+            CATALOG.replace('chain = [ { provider = "alpha", model = "up-alpha" } ]', "chain = []"),
+            "models.chat-a.chain",
+            "missing or empty",
+        ),
     ],
 )
 def test_config_errors_name_file_key_and_problem(tmp_path, ini, catalog, key, problem):
@@ -129,7 +179,10 @@ def test_missing_config_file():
 def _prism(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "prism_proxy.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=60,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -7,7 +7,6 @@ import asyncio
 import aiohttp
 import openai
 import pytest
-
 from prism_fake_upstream import Fault
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
@@ -19,7 +18,10 @@ async def test_chat_served_with_prism_headers(prism_fake, prism_gateway, catalog
         model="chat-a", messages=MESSAGES
     )
     completion = raw.parse()
-    assert completion.choices[0].message.content == "Hello from up-alpha. This is the fake upstream answering."
+    assert (
+        completion.choices[0].message.content
+        == "Hello from up-alpha. This is the fake upstream answering."
+    )
     assert raw.headers["x-prism-provider"] == "alpha"
     assert raw.headers["x-prism-model"] == "up-alpha"
     assert raw.headers["x-prism-attempts"] == "2"
@@ -44,7 +46,9 @@ async def test_streaming_chat_relays_chunks_and_hides_usage_unless_asked(
     client = gw.openai()
     stream = await client.chat.completions.create(model="chat-a", messages=MESSAGES, stream=True)
     chunks = [chunk async for chunk in stream]
-    content = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    content = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
     assert len(content) > 3
     assert "".join(content) == "Hello from up-alpha. This is the fake upstream answering."
     assert all(not c.usage for c in chunks)
@@ -99,7 +103,9 @@ async def test_model_list_and_retrieve(prism_fake, prism_gateway, catalog):
         await client.models.retrieve("nope")
 
 
-async def test_every_binding_failing_gives_503_with_the_record(prism_fake, prism_gateway, catalog, recorder):
+async def test_every_binding_failing_gives_503_with_the_record(
+    prism_fake, prism_gateway, catalog, recorder
+):
     prism_fake.script("ok", [Fault(status=502)])
     gw = await prism_gateway(catalog)
     with pytest.raises(openai.APIStatusError) as info:
@@ -126,10 +132,17 @@ async def test_embeddings_failure_code_is_prefixed(prism_fake, prism_gateway, ca
     assert info.value.code == "runtime_embeddings_failed:upstream_unavailable"
 
 
-async def test_request_error_is_returned_unchanged_without_failover(prism_fake, prism_gateway, catalog):
-    body = {"error": {"message": "This model's maximum context length is 8192 tokens.",
-                      "type": "invalid_request_error", "param": "messages",
-                      "code": "context_length_exceeded"}}
+async def test_request_error_is_returned_unchanged_without_failover(
+    prism_fake, prism_gateway, catalog
+):
+    body = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
     prism_fake.script("err500", [Fault(status=400, body=body)])
     gw = await prism_gateway(catalog)
     with pytest.raises(openai.BadRequestError) as info:
@@ -162,12 +175,14 @@ async def test_client_disconnect_cancels_the_upstream_stream(prism_fake, prism_g
         if recorder.settled:
             break
         await asyncio.sleep(0.02)
-    [(call, settlement)] = recorder.settled
+    [(_, settlement)] = recorder.settled
     assert settlement.outcome == "aborted"
     assert settlement.served.binding.id == "p/x"
 
 
-async def test_client_disconnect_during_a_stalled_upstream_cancels_it(prism_fake, prism_gateway, recorder):
+async def test_client_disconnect_during_a_stalled_upstream_cancels_it(
+    prism_fake, prism_gateway, recorder
+):
     prism_fake.script("stalled", [Fault(stall_s=30)])
     catalog = {
         "providers": {"p": {"kind": "openai", "base_url": prism_fake.base_url("stalled")}},
@@ -176,7 +191,9 @@ async def test_client_disconnect_during_a_stalled_upstream_cancels_it(prism_fake
     gw = await prism_gateway(catalog)
     async with aiohttp.ClientSession() as session:
         task = asyncio.ensure_future(
-            session.post(gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+            session.post(
+                gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}
+            )
         )
         for _ in range(100):
             if prism_fake.hits("stalled"):

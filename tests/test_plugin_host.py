@@ -33,7 +33,9 @@ def test_disable_blocks_a_plugin_before_it_loads():
 
 
 def test_required_plugin_missing_stops_start_up():
-    with pytest.raises(ConfigError, match=r"required_plugins: plugin 'billing' is required but not installed"):
+    with pytest.raises(
+        ConfigError, match=r"required_plugins: plugin 'billing' is required but not installed"
+    ):
         create_app(config(required_plugins="openai, billing"))
 
 
@@ -44,7 +46,7 @@ def test_required_plugin_that_is_disabled_is_named_as_such():
 
 class Misspelled:
     @hookimpl
-    def prism_setle(self, call):  # noqa: ARG002 - the typo is the point
+    def prism_setle(self, call):
         return None
 
 
@@ -60,7 +62,10 @@ def test_disable_also_applies_to_directly_registered_plugins():
 def test_prism_plugins_lists_where_each_plugin_came_from(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "prism_proxy.cli", "plugins"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("openai "))

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import aiohttp
-
 from prism_fake_upstream import Fault
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -21,17 +20,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def start_prism(tmp_path: Path, fake, grace_s: float) -> tuple[asyncio.subprocess.Process, str]:
+async def start_prism(
+    tmp_path: Path, fake, grace_s: float
+) -> tuple[asyncio.subprocess.Process, str]:
     port = free_port()
     (tmp_path / "prism.ini").write_text(
-        f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\nshutdown_grace_s = {grace_s}\n"
+        f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\n"
+        f"shutdown_grace_s = {grace_s}\n"
     )
     (tmp_path / "catalog.toml").write_text(
         f'[providers.p]\nkind = "openai"\nbase_url = "{fake.base_url("slow-stream")}"\n'
         '[models.m]\nchain = [ { provider = "p", model = "x" } ]\n'
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prism_proxy.cli", "serve", "--config", str(tmp_path / "prism.ini"),
+        sys.executable,
+        "-m",
+        "prism_proxy.cli",
+        "serve",
+        "--config",
+        str(tmp_path / "prism.ini"),
         stderr=asyncio.subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"

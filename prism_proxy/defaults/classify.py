@@ -54,16 +54,18 @@ class DefaultClassify:
             return Verdict(Outcome.TRANSIENT, "error event before content")
         if status in (401, 403):
             return Verdict(
-                Outcome.PERMANENT, f"upstream refused credentials ({status})", code="upstream_auth_failed"
+                Outcome.PERMANENT,
+                f"upstream refused credentials ({status})",
+                code="upstream_auth_failed",
             )
         if status == 404:
             return Verdict(Outcome.PERMANENT, "upstream model not found")
         if status == 429:
-            return Verdict(
-                Outcome.RATE_LIMITED, "rate limited", parse_retry_after(result.headers)
-            )
+            return Verdict(Outcome.RATE_LIMITED, "rate limited", parse_retry_after(result.headers))
         if status in _TRANSIENT_STATUSES or status >= 500:
-            return Verdict(Outcome.TRANSIENT, f"upstream {status}", parse_retry_after(result.headers))
+            return Verdict(
+                Outcome.TRANSIENT, f"upstream {status}", parse_retry_after(result.headers)
+            )
         if status in _REQUEST_ERROR_STATUSES or 400 <= status < 500:
             return Verdict(Outcome.REQUEST_ERROR, f"upstream rejected the request ({status})")
         return Verdict(Outcome.TRANSIENT, f"unexpected status {status}")

@@ -70,7 +70,9 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
             raise _bad("invalid_type", f"'{where}' must be an object", where)
         role = message.get("role")
         if not isinstance(role, str) or not role:
-            raise _bad("invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role")
+            raise _bad(
+                "invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role"
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise _bad(
@@ -122,7 +124,9 @@ def validate_embeddings(body: dict[str, Any]) -> str:
         )
     fmt = _optional(body, "encoding_format", (str,), "a string")
     if fmt is not None and fmt not in ("float", "base64"):
-        raise _bad("invalid_value", "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+        raise _bad(
+            "invalid_value", "'encoding_format' must be 'float' or 'base64'", "encoding_format"
+        )
     dims = _optional(body, "dimensions", (int,), "a whole number")
     if dims is not None and dims < 1:
         raise _bad("invalid_value", "'dimensions' must be at least 1", "dimensions")

@@ -1,0 +1,96 @@
+"""Stream commit point, first-byte timeout and empty completions, end to end."""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+import openai
+import orjson
+import pytest
+from prism_fake_upstream import Fault
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def chain_catalog(fake, *scenarios: str) -> dict:
+    return {
+        "providers": {s: {"kind": "openai", "base_url": fake.base_url(s)} for s in scenarios},
+        "models": {"m": {"chain": [{"provider": s, "model": f"up-{s}"} for s in scenarios]}},
+    }
+
+
+async def test_stream_dying_before_its_first_content_fails_over(prism_fake, prism_gateway):
+    gw = await prism_gateway(chain_catalog(prism_fake, "die0", "ok"))
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, stream=True
+    )
+    chunks = [chunk async for chunk in raw.parse()]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello from up-ok. This is the fake upstream answering."
+    assert raw.headers["x-prism-provider"] == "ok"
+    assert raw.headers["x-prism-attempt-log"].startswith("die0/up-die0 broken_stream 200")
+
+
+async def test_stream_dying_after_content_ends_with_an_error_event(
+    prism_fake, prism_gateway, recorder
+):
+    gw = await prism_gateway(chain_catalog(prism_fake, "die3", "ok"))
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as response:
+            body = await response.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    last = orjson.loads(events[-1].removeprefix(b"data: "))
+    assert last["error"]["code"] == "upstream_stream_broken"
+    assert b"[DONE]" not in body
+    assert prism_fake.hits("ok") == 0  # no second provider spliced in
+    [(_, settlement)] = recorder.settled
+    assert settlement.outcome == "error"
+    assert settlement.usage.estimated and settlement.usage.output_tokens > 0
+
+    # The official SDK surfaces it as an error, not as a clean end.
+    stream = await gw.openai().chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+
+
+async def test_first_byte_timeout_moves_on(prism_fake, prism_gateway):
+    prism_fake.script("slowfirst", [Fault(stall_s=30)])
+    gw = await prism_gateway(
+        chain_catalog(prism_fake, "slowfirst", "ok"), config={"attempt_timeout_ms": 1000}
+    )
+    started = time.monotonic()
+    raw = await gw.openai().chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 5
+    assert raw.headers["x-prism-attempt-log"].startswith("slowfirst/up-slowfirst timeout -")
+    assert prism_fake.dropped("slowfirst") == 1
+
+
+async def test_stream_timeout_counts_until_the_first_content(prism_fake, prism_gateway):
+    prism_fake.script("lazy", [Fault(first_token_delay_s=30)])
+    gw = await prism_gateway(
+        chain_catalog(prism_fake, "lazy", "ok"), config={"attempt_timeout_ms": 1000}
+    )
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, stream=True
+    )
+    [chunk async for chunk in raw.parse()]
+    assert raw.headers["x-prism-attempt-log"].startswith("lazy/up-lazy timeout 200")
+    assert raw.headers["x-prism-provider"] == "ok"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_empty_completion_is_flagged(prism_fake, prism_gateway, stream):
+    gw = await prism_gateway(chain_catalog(prism_fake, "empty", "ok"))
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, stream=stream
+    )
+    if stream:
+        [chunk async for chunk in raw.parse()]
+    assert raw.headers["x-prism-outcome"] == "empty"
+    assert raw.headers["x-prism-attempt-log"].startswith("empty/up-empty empty 200")

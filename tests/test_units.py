@@ -1,0 +1,126 @@
+"""Unit tests of the small parts: SSE splitting, Retry-After, classification, the record."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from prism_proxy import Attempt, Binding, Call, Endpoint, Outcome, Route, UpstreamResult
+from prism_proxy.classification import find_permanent_marker, parse_retry_after
+from prism_proxy.defaults.classify import DefaultClassify
+from prism_proxy.record import attempt_log, prism_headers
+from prism_proxy.sse import SSEBuffer, event_data
+
+
+def test_sse_buffer_handles_events_split_anywhere():
+    stream = b'data: {"a":1}\n\ndata: {"b":2}\n\n: comment\n\ndata: [DONE]\n\n'
+    for cut in range(1, len(stream)):
+        buffer = SSEBuffer()
+        events = buffer.feed(stream[:cut]) + buffer.feed(stream[cut:])
+        assert [event_data(e) for e in events] == [b'{"a":1}', b'{"b":2}', None, b"[DONE]"]
+        assert buffer.leftover == b""
+
+
+def test_sse_crlf_and_multiline_data():
+    buffer = SSEBuffer()
+    [event] = buffer.feed(b"event: x\r\ndata: one\r\ndata:two\r\n\r\n")
+    assert event_data(event) == b"one\ntwo"
+
+
+def test_retry_after_forms():
+    assert parse_retry_after({"retry-after": "3"}) == 3
+    assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    when = email.utils.formatdate(1_000_030, usegmt=True)
+    assert parse_retry_after({"retry-after": when}, now=lambda: 1_000_000) == pytest.approx(30)
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({"retry-after": "-4"}) is None
+    assert parse_retry_after({}) is None
+
+
+def test_quota_alone_is_not_a_permanent_marker():
+    assert find_permanent_marker("rate limit: tokens per minute quota reached") is None
+    assert find_permanent_marker("you exceeded your current quota, check billing") == (
+        "exceeded your current quota"
+    )
+    assert find_permanent_marker("custom: wallet empty", ["wallet empty"]) == "wallet empty"
+
+
+def _call() -> Call:
+    return Call(request_id="req_x", endpoint=Endpoint.CHAT, received_at=0.0)
+
+
+def _classify(result: UpstreamResult) -> tuple[Outcome, str | None]:
+    binding = Binding("p", "m")
+    attempt = Attempt(1, binding, "att", 0.0)
+    verdict = DefaultClassify().prism_classify(_call(), attempt, result)
+    return verdict.outcome, verdict.code
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "outcome", "code"),
+    [
+        (
+            200,
+            b'{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}',
+            Outcome.OK,
+            None,
+        ),
+        (
+            200,
+            b'{"choices":[{"message":{"content":""},"finish_reason":"length"}]}',
+            Outcome.EMPTY,
+            None,
+        ),
+        (400, b'{"error":{"code":"context_length_exceeded"}}', Outcome.REQUEST_ERROR, None),
+        (422, b"{}", Outcome.REQUEST_ERROR, None),
+        (
+            400,
+            b'{"error":{"message":"Your credit balance is too low"}}',
+            Outcome.PERMANENT,
+            "upstream_quota_exhausted",
+        ),
+        (
+            429,
+            b'{"error":{"code":"insufficient_quota"}}',
+            Outcome.PERMANENT,
+            "upstream_quota_exhausted",
+        ),
+        (429, b'{"error":{"message":"requests per minute quota"}}', Outcome.RATE_LIMITED, None),
+        (401, b'{"error":{"code":"invalid_api_key"}}', Outcome.PERMANENT, "upstream_auth_failed"),
+        (403, b"{}", Outcome.PERMANENT, "upstream_auth_failed"),
+        (404, b'{"error":{"code":"model_not_found"}}', Outcome.PERMANENT, None),
+        (500, b"oops", Outcome.TRANSIENT, None),
+        (529, b"{}", Outcome.TRANSIENT, None),
+        (200, b'{"error":{"message":"overloaded"}}', Outcome.TRANSIENT, None),
+    ],
+)
+def test_default_classification_reads_status_and_body(status, body, outcome, code):
+    assert _classify(UpstreamResult(status, {}, body)) == (outcome, code)
+
+
+def test_classification_of_failures_without_a_response():
+    import asyncio
+
+    assert _classify(UpstreamResult(None, timed_out=True))[0] is Outcome.TIMEOUT
+    assert _classify(UpstreamResult(None, error=ConnectionRefusedError()))[0] is Outcome.TRANSIENT
+    assert _classify(UpstreamResult(None, error=asyncio.CancelledError()))[0] is Outcome.CANCELLED
+    broken = UpstreamResult(200, streaming=True, stream_broken=True)
+    assert _classify(broken)[0] is Outcome.BROKEN_STREAM
+
+
+def test_attempt_log_and_headers_are_single_latin1_lines():
+    call = _call()
+    call.route = Route(
+        bindings=(), skipped=[(Binding("p", "m"), "breaker open")], notes=["stood down"]
+    )
+    attempt = call.new_attempt(Binding("p\n", "modèle✓"), 0.0)
+    attempt.elapsed_ms = 12.4
+    attempt.status = 500
+    log = attempt_log(call)
+    assert log.startswith("p/m skipped breaker-open; note stood-down; ")
+    assert "\n" not in log
+    log.encode("latin-1")
+    headers = prism_headers(call)
+    assert headers["x-prism-attempts"] == "1"
+    assert "\n" not in headers["x-prism-provider"]
