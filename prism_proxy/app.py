@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random as random_module
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -28,14 +30,18 @@ def create_app(
     plugins: Iterable[tuple[object, str]] = (),
     load_entrypoints: bool = True,
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    random: Callable[[], float] = random_module.random,
 ) -> web.Application:
     """Build the gateway application.
 
     ``config`` is a loaded :class:`Config`, a path to a config file, or None
     to search from the current directory.  ``plugins`` registers extra
     ``(plugin, name)`` pairs beside the installed ones (tests, embedding
-    apps).  The result can be run alone or mounted with ``add_subapp``; run it
-    with ``handler_cancellation=True`` so a caller that disconnects cancels its
+    apps); ``clock``, ``sleep`` and ``random`` replace the time source, the
+    pause between retries and the jitter source (tests).  The result can be
+    run alone or mounted with ``add_subapp``; run it with
+    ``handler_cancellation=True`` so a caller that disconnects cancels its
     upstream request at once (``prism serve`` does).  Raises ``ConfigError``.
     """
     if not isinstance(config, Config):
@@ -50,7 +56,15 @@ def create_app(
     )
     pm.hook.prism_configure(config=config, catalog=catalog)
     providers = {name: kinds[spec.kind](spec) for name, spec in catalog.providers.items()}
-    gw = Gateway(config=config, catalog=catalog, pm=pm, providers=providers, clock=clock)
+    gw = Gateway(
+        config=config,
+        catalog=catalog,
+        pm=pm,
+        providers=providers,
+        clock=clock,
+        sleep=sleep,
+        random=random,
+    )
 
     app = web.Application(client_max_size=config.max_body_bytes)
     app[GATEWAY] = gw

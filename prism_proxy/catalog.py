@@ -19,7 +19,20 @@ from .errors import ConfigError
 
 __all__ = ["Binding", "Catalog", "CatalogKeys", "ModelSpec", "ProviderSpec", "load_catalog"]
 
-_MODEL_KEYS = frozenset({"tier", "chain", "description"})
+_MODEL_KEYS = frozenset(
+    {
+        "tier",
+        "chain",
+        "description",
+        "retries",
+        "call_budget_ms",
+        "empty",
+        "fallback_models",
+        "cross_tier_fallback",
+        "degraded",
+    }
+)
+EMPTY_POLICIES = ("return", "fallback")
 _BINDING_KEYS = frozenset({"provider", "model"})
 _TOP_KEYS = frozenset({"providers", "models"})
 
@@ -67,6 +80,7 @@ class ModelSpec:
 
     ``pinned`` is true for the synthetic spec made when a caller names a
     binding directly (``"provider/upstream-model"``): one attempt, no fallback.
+    Policy fields left None take the ``[prism]`` defaults.
     """
 
     name: str
@@ -74,6 +88,14 @@ class ModelSpec:
     chain: tuple[Binding, ...]
     options: Mapping[str, Any] = attrs.field(factory=dict)
     pinned: bool = False
+    retries: int | None = None
+    call_budget_ms: int | None = None
+    #: ``return`` an empty completion to the caller (flagged), or ``fallback`` past it.
+    empty: str = "return"
+    fallback_models: tuple[str, ...] = ()
+    cross_tier_fallback: bool | None = None
+    #: A templated answer served instead of a 504 when the call budget runs out.
+    degraded: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -95,7 +117,7 @@ class Catalog:
             (m.tier for m in self.models.values() if any(b.id == name for b in m.chain)),
             "standard",
         )
-        return ModelSpec(name=name, tier=tier, chain=(binding,), pinned=True)
+        return ModelSpec(name=name, tier=tier, chain=(binding,), pinned=True, retries=0)
 
 
 def load_catalog(
@@ -177,8 +199,48 @@ def load_catalog(
             bindings.setdefault(binding.id, binding)
             chain.append(binding)
         options = {k: v for k, v in table.items() if k not in _MODEL_KEYS}
-        models[name] = ModelSpec(name=name, tier=tier, chain=tuple(chain), options=options)
+        models[name] = ModelSpec(
+            name=name, tier=tier, chain=tuple(chain), options=options, **_policy(name, table, err)
+        )
+    for name, model in models.items():
+        for index, other in enumerate(model.fallback_models):
+            if other not in models or other == name:
+                raise err(
+                    f"models.{name}.fallback_models[{index}]",
+                    f"{other!r} is not another model of this catalog",
+                )
     return Catalog(source=source, providers=providers, models=models, bindings=bindings)
+
+
+def _policy(name: str, table: Mapping[str, Any], err: Any) -> dict[str, Any]:
+    """The model's own dispatch policy; absent keys stay None (the [prism] defaults apply)."""
+    policy: dict[str, Any] = {}
+    for key, lo, hi in (("retries", 0, 10), ("call_budget_ms", 1000, 3_600_000)):
+        value = table.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise err(
+                f"models.{name}.{key}", f"expected a whole number from {lo} to {hi}, got {value!r}"
+            )
+        policy[key] = value
+    empty = table.get("empty", "return")
+    if empty not in EMPTY_POLICIES:
+        raise err(f"models.{name}.empty", f"expected 'return' or 'fallback', got {empty!r}")
+    policy["empty"] = empty
+    fallbacks = table.get("fallback_models", [])
+    if not isinstance(fallbacks, list) or not all(isinstance(f, str) for f in fallbacks):
+        raise err(f"models.{name}.fallback_models", "expected a list of model names")
+    policy["fallback_models"] = tuple(fallbacks)
+    cross = table.get("cross_tier_fallback")
+    if cross is not None and not isinstance(cross, bool):
+        raise err(f"models.{name}.cross_tier_fallback", f"expected true or false, got {cross!r}")
+    policy["cross_tier_fallback"] = cross
+    degraded = table.get("degraded")
+    if degraded is not None and (not isinstance(degraded, str) or not degraded.strip()):
+        raise err(f"models.{name}.degraded", "expected the text of the degraded answer")
+    policy["degraded"] = degraded
+    return policy
 
 
 def _tables(data: Mapping[str, Any], key: str, err: Any) -> dict[str, dict[str, Any]]:

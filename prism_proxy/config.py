@@ -35,6 +35,11 @@ CORE_KEYS = frozenset(
         "attempt_timeout_ms",
         "log_level",
         "permanent_markers",
+        "retries",
+        "backoff_base_ms",
+        "backoff_cap_ms",
+        "call_budget_ms",
+        "cross_tier_fallback",
     }
 )
 
@@ -167,6 +172,13 @@ class Config:
     log_level: str = "INFO"
     #: Extra billing/credential markers, added to the built-in narrow list.
     permanent_markers: tuple[str, ...] = ()
+    #: Retries of one binding after its first try (models may override).
+    retries: int = 2
+    backoff_base_ms: int = 250
+    backoff_cap_ms: int = 8000
+    #: One time budget for every try of every binding of a call (models may override).
+    call_budget_ms: int = 120_000
+    cross_tier_fallback: bool = False
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
 
@@ -313,6 +325,13 @@ def config_from_mapping(
                 "use a phrase that means money, e.g. 'exceeded your current quota'",
             )
     config.permanent_markers = markers
+    config.retries = core.get_int("retries", config.retries, min=0, max=10)
+    config.backoff_base_ms = core.get_int("backoff_base_ms", config.backoff_base_ms, min=1)
+    config.backoff_cap_ms = core.get_int(
+        "backoff_cap_ms", config.backoff_cap_ms, min=config.backoff_base_ms
+    )
+    config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
+    config.cross_tier_fallback = core.get_bool("cross_tier_fallback", config.cross_tier_fallback)
     return config
 
 

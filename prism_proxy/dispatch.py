@@ -1,8 +1,21 @@
 """The dispatch loop: try the route's bindings, classify each attempt, decide what next.
 
-Every endpoint, streaming or not, goes through :func:`dispatch`; it returns
-the attempt that will serve, or raises an error that carries the record of
-everything tried.
+Every endpoint, streaming or not, goes through :func:`dispatch`.  It returns
+the attempt that will serve, or raises an error carrying the record of
+everything tried.  The decisions (DESIGN.md §4):
+
+- ``ok`` serves; ``empty`` serves unless the model says ``empty = "fallback"``;
+- ``request_error`` returns the upstream's answer unchanged (no retry, no fallback);
+- ``permanent`` moves to the next binding at once;
+- ``transient``, ``rate_limited`` and ``broken_stream`` retry the same binding
+  up to ``retries`` times, waiting as Retry-After asks or with jittered backoff;
+- ``timeout`` retries the same binding at most once, and not at all when the
+  caller set a timeout below the server default;
+- one budget covers every try of every binding: no attempt starts with less
+  than :data:`MIN_ATTEMPT_S` left, no wait is taken that would leave less, and
+  an attempt's timeout never outlasts the budget;
+- a spent chain moves to ``fallback_models`` (another tier) only when
+  cross-tier fallback is switched on; a pinned binding gets exactly one attempt.
 """
 
 from __future__ import annotations
@@ -12,17 +25,24 @@ import asyncio
 import aiohttp
 import attrs
 
-from .call import Attempt, Call, Endpoint, Outcome, UpstreamResult, Verdict
-from .catalog import Binding
+from .backoff import Backoff
+from .call import Attempt, Call, Endpoint, Outcome, Route, UpstreamResult, Verdict
+from .catalog import Binding, ModelSpec
 from .errors import PrismError
 from .gateway import Gateway
 from .providers import UpstreamResponse
 from .record import attempt_record
 from .stream import UpstreamStream
 
-__all__ = ["PassThrough", "Served", "dispatch"]
+__all__ = ["ChainDeadline", "PassThrough", "Served", "dispatch", "exhausted"]
+
+#: The shortest attempt worth starting: the smallest timeout a caller may ask for.
+MIN_ATTEMPT_S = 1.0
 
 _CONNECTION_ERRORS = (aiohttp.ClientError, OSError)
+_RETRYABLE = frozenset(
+    {Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.BROKEN_STREAM}
+)
 
 
 @attrs.define(eq=False)
@@ -34,6 +54,12 @@ class Served:
     result: UpstreamResult
     stream: UpstreamStream | None
 
+    def discard(self) -> None:
+        if self.stream is None:
+            self.response.release()
+        else:
+            self.response.close()
+
 
 class PassThrough(Exception):
     """The request itself was at fault: the caller gets the upstream's answer unchanged."""
@@ -44,29 +70,111 @@ class PassThrough(Exception):
         self.result = result
 
 
+class ChainDeadline(PrismError):
+    """The call budget ran out before any binding served (504)."""
+
+
+class _BudgetSpent(Exception):
+    pass
+
+
 async def dispatch(gw: Gateway, call: Call) -> Served:
-    """Walk the route in order; serve the first binding that answers."""
-    assert call.route is not None
-    for binding in call.route.bindings:
-        served, result = await _attempt(gw, call, binding)
+    """Serve ``call`` from its route, then (if allowed) from its cross-tier fallbacks."""
+    model = call.model
+    assert model is not None and call.route is not None
+    config = gw.config
+    budget_ms = model.call_budget_ms or config.call_budget_ms
+    walk = _Walk(gw, call, call.received_at + budget_ms / 1000)
+    try:
+        served = await walk.route(call.route, model)
         if served is not None:
             return served
-        attempt = call.attempts[-1]
-        if attempt.outcome is Outcome.REQUEST_ERROR:
-            raise PassThrough(attempt, result)
+        cross_tier = model.cross_tier_fallback
+        if cross_tier is None:
+            cross_tier = config.cross_tier_fallback
+        if cross_tier and not model.pinned:
+            for name in model.fallback_models:
+                fallback = gw.catalog.models[name]
+                route: Route | None = gw.hook.prism_select_route(call=call, model=fallback)
+                if route is None:
+                    continue
+                call.route.notes.append(f"cross-tier fallback to {name} (tier {fallback.tier})")
+                call.route.notes.extend(route.notes)
+                call.route.skipped.extend(route.skipped)
+                call.response_headers["x-prism-fallback"] = "cross-tier"
+                served = await walk.route(route, fallback)
+                if served is not None:
+                    return served
+    except _BudgetSpent:
+        gw.counters["chain_exceeded_max_time"] += 1
+        raise exhausted(call, status=504, code="chain_deadline_exceeded") from None
     raise exhausted(call)
 
 
+@attrs.define(eq=False)
+class _Walk:
+    gw: Gateway
+    call: Call
+    deadline: float
+
+    async def route(self, route: Route, model: ModelSpec) -> Served | None:
+        for binding in route.bindings:
+            served = await self.binding(binding, model)
+            if served is not None:
+                return served
+        return None
+
+    async def binding(self, binding: Binding, model: ModelSpec) -> Served | None:
+        gw, call = self.gw, self.call
+        config = gw.config
+        retries = model.retries if model.retries is not None else config.retries
+        backoff = Backoff(config.backoff_base_ms / 1000, config.backoff_cap_ms / 1000)
+        attempt_timeout = call.attempt_timeout_s
+        tries = 0
+        timed_out_before = False
+        while True:
+            remaining = self.deadline - gw.clock()
+            if remaining < MIN_ATTEMPT_S:
+                raise _BudgetSpent
+            timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
+            served, attempt, result = await _attempt(gw, call, binding, timeout)
+            verdict = attempt.verdict
+            assert verdict is not None
+            if served is not None:
+                if verdict.outcome is Outcome.EMPTY and model.empty == "fallback":
+                    served.discard()
+                    return None
+                return served
+            if verdict.outcome is Outcome.REQUEST_ERROR:
+                raise PassThrough(attempt, result)
+            if verdict.outcome is Outcome.TIMEOUT and timeout < (attempt_timeout or float("inf")):
+                raise _BudgetSpent  # the budget, not the attempt timeout, cut this attempt
+            if verdict.outcome not in _RETRYABLE or tries >= retries:
+                return None
+            if verdict.outcome is Outcome.TIMEOUT:
+                if timed_out_before or not call.timeout_retry:
+                    return None
+                timed_out_before = True
+            wait = verdict.retry_after_s
+            if wait is None:
+                wait = backoff.delay(tries, gw.random)
+            if gw.clock() + wait + MIN_ATTEMPT_S > self.deadline:
+                # Waiting would not leave room for another attempt: move on now.
+                return None
+            await gw.sleep(wait)
+            tries += 1
+
+
 async def _attempt(
-    gw: Gateway, call: Call, binding: Binding
-) -> tuple[Served | None, UpstreamResult]:
+    gw: Gateway, call: Call, binding: Binding, timeout: float
+) -> tuple[Served | None, Attempt, UpstreamResult]:
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
         try:
-            async with asyncio.timeout(call.attempt_timeout_s):
+            async with asyncio.timeout(timeout):
                 response = await provider.send(call, binding)
                 attempt.status = response.status
                 if response.status == 200 and call.stream:
@@ -90,13 +198,13 @@ async def _attempt(
         raise
     verdict = await _finish(gw, call, attempt, result)
     if verdict.outcome in (Outcome.OK, Outcome.EMPTY) and response is not None:
-        return Served(attempt, response, result, stream), result
+        return Served(attempt, response, result, stream), attempt, result
     if response is not None:
         if stream is None and result.error is None and not result.timed_out:
             response.release()
         else:
             response.close()
-    return None, result
+    return None, attempt, result
 
 
 async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
@@ -130,19 +238,23 @@ def error_code(attempt: Attempt | None) -> str:
 def exhausted(call: Call, status: int = 503, code: str | None = None) -> PrismError:
     """The error for a chain with nothing left, carrying the full attempt record."""
     last = call.attempts[-1] if call.attempts else None
-    code = code or error_code(last)
     model = call.model.name if call.model else call.model_name
-    if last is None:
+    if code == "chain_deadline_exceeded":
+        message = f"the call budget for model '{model}' ran out after {len(call.attempts)} attempts"
+    elif last is None:
         message = f"no binding of model '{model}' could take this request"
     else:
         assert last.verdict is not None
+        tier = call.model.tier if call.model else "?"
         message = (
-            f"every binding of model '{model}' failed; last: {last.binding.id} "
+            f"no binding of tier '{tier}' is left for model '{model}'; last: {last.binding.id} "
             f"{last.verdict.outcome} ({last.verdict.reason or last.status})"
         )
+    code = code or error_code(last)
     if call.endpoint is Endpoint.EMBEDDINGS:
         code = f"runtime_embeddings_failed:{code}"
-    return PrismError(
+    error_type = ChainDeadline if status == 504 else PrismError
+    return error_type(
         status,
         code,
         message,

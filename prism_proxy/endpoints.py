@@ -9,11 +9,11 @@ import orjson
 from aiohttp import web
 
 from .call import Call, Endpoint, Settlement, new_id
-from .dispatch import PassThrough, dispatch, exhausted
+from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
 from .errors import PrismError
 from .gateway import GATEWAY, Gateway
 from .record import prism_headers
-from .relay import relay
+from .relay import relay, relay_degraded
 from .wire.openai import error_payload, validate_chat, validate_embeddings
 
 __all__ = ["add_routes"]
@@ -26,6 +26,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/prism/stats", stats)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -91,13 +92,17 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
                 param="model",
             )
         gw.hook.prism_call_start(call=call, request=request)
-        call.route = gw.hook.prism_select_route(call=call)
-        if call.route is None or not call.route.bindings:
+        call.route = gw.hook.prism_select_route(call=call, model=call.model)
+        if call.route is None:
             raise exhausted(call)
         served = await dispatch(gw, call)
         return await relay(gw, call, served, request)
     except PassThrough as rejected:
         return await _pass_through(gw, call, rejected)
+    except ChainDeadline as err:
+        if call.model is not None and call.model.degraded and endpoint is Endpoint.CHAT:
+            return await relay_degraded(gw, call, call.model.degraded, request)
+        return await _error_response(gw, call, err)
     except PrismError as err:
         return await _error_response(gw, call, err)
     except asyncio.CancelledError:
@@ -164,3 +169,9 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(
         {"status": "ready", "plugins": plugins, "models": len(gw.catalog.models)}
     )
+
+
+async def stats(request: web.Request) -> web.Response:
+    """Event counters (no secrets, no prompt data): e.g. ``chain_exceeded_max_time``."""
+    counters = request.app[GATEWAY].counters
+    return web.json_response({"counters": dict(counters)}, dumps=_dumps)

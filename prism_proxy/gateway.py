@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
 import pluggy
@@ -28,8 +30,12 @@ class Gateway:
     catalog: Catalog
     pm: pluggy.PluginManager
     providers: dict[str, Provider]
-    #: Monotonic seconds; tests inject their own.
+    #: Monotonic seconds, the pause between retries and the jitter source; tests inject their own.
     clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    random: Callable[[], float] = random.random
+    #: Event counters (e.g. ``chain_exceeded_max_time``), served at GET /prism/stats.
+    counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     ready: bool = False
     draining: bool = False
 

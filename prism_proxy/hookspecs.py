@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
-    from .catalog import Catalog, CatalogKeys
+    from .catalog import Catalog, CatalogKeys, ModelSpec
     from .config import Config
     from .providers import ProviderFactory
 
@@ -106,12 +106,14 @@ def prism_call_start(call: Call, request: web.Request) -> None:
 
 
 @hookspec(firstresult=True)
-def prism_select_route(call: Call) -> Route | None:
-    """Choose the chain of bindings to try for ``call``.
+def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
+    """Choose the chain of bindings to try for ``call`` on ``model``.
 
-    ``call.model`` is the resolved ``ModelSpec``.  Return a ``Route`` to
-    decide, or None to let the next implementation decide; the built-in
-    default (``trylast``) returns the model's own chain.  A wrapper
+    Called once per call with ``model`` = ``call.model`` (the resolved
+    ``ModelSpec``, or a pinned one-binding spec), and again for each
+    cross-tier fallback model when the operator enabled cross-tier fallback.
+    Return a ``Route`` to decide, or None to let the next implementation
+    decide; the built-in default (``trylast``) returns ``model.chain``.  A wrapper
     (``hookwrapper=True`` or ``wrapper=True``) may filter or reorder the
     chosen route, e.g. a breaker skipping open bindings; record what you
     left out in ``route.skipped`` and why in ``route.notes``.  Synchronous and

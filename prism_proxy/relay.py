@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+import orjson
 from aiohttp import web
 
 from .call import Call, Outcome, Settlement, Usage
@@ -12,9 +14,16 @@ from .errors import PrismError
 from .gateway import Gateway
 from .record import prism_headers
 from .stream import StreamBroken, UpstreamStream
-from .wire.openai import DONE_EVENT, error_event, estimate_usage, usage_from
+from .wire.openai import (
+    DONE_EVENT,
+    completion_body,
+    completion_events,
+    error_event,
+    estimate_usage,
+    usage_from,
+)
 
-__all__ = ["relay"]
+__all__ = ["relay", "relay_degraded"]
 
 _STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -92,3 +101,28 @@ async def _abort(gw: Gateway, call: Call, served: Served, stream: UpstreamStream
     served.response.close()
     usage = _usage_so_far(call, stream)
     await gw.settle(call, Settlement("aborted", 499, served.attempt, usage, "client_closed"))
+
+
+async def relay_degraded(
+    gw: Gateway, call: Call, template: str, request: web.Request
+) -> web.StreamResponse:
+    """The operator's templated answer, served instead of a 504 when the budget ran out.
+
+    Marked ``x-prism-outcome: degraded``; no provider served it, so nothing is billed.
+    """
+    text = template.replace("{model}", call.model_name).replace("{request_id}", call.request_id)
+    call.response_headers["x-prism-outcome"] = "degraded"
+    await gw.settle(call, Settlement("error", 200, None, None, "chain_deadline_exceeded"))
+    headers = prism_headers(call)
+    completion_id = "chatcmpl-" + call.request_id.removeprefix("req_")
+    created = int(time.time())
+    if not call.stream:
+        body = orjson.dumps(completion_body(completion_id, call.model_name, text, created))
+        headers["Content-Type"] = "application/json"
+        return web.Response(body=body, headers=headers)
+    headers.update(_STREAM_HEADERS)
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    await response.write(completion_events(completion_id, call.model_name, text, created))
+    await response.write_eof()
+    return response

@@ -12,6 +12,8 @@ provider plugin is tested exactly the way the core's are:
 
 from __future__ import annotations
 
+import asyncio
+import random as random_module
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -80,6 +82,8 @@ class StartGateway(Protocol):
         sections: Mapping[str, Mapping[str, Any]] | None = None,
         plugins: Iterable[tuple[object, str]] = (),
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
     ) -> Awaitable[GatewayUnderTest]: ...
 
@@ -109,6 +113,8 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
         sections: Mapping[str, Mapping[str, Any]] | None = None,
         plugins: Iterable[tuple[object, str]] = (),
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
     ) -> GatewayUnderTest:
         cfg = config_from_mapping(
@@ -118,7 +124,13 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
             base_dir=base_dir,
             catalog_data=dict(catalog),
         )
-        app = create_app(cfg, plugins=[*prism_plugin.plugins, *plugins], clock=clock)
+        app = create_app(
+            cfg,
+            plugins=[*prism_plugin.plugins, *plugins],
+            clock=clock,
+            sleep=sleep,
+            random=random,
+        )
         listening = await listen(app, "127.0.0.1", 0, grace_s=cfg.shutdown_grace_s)
         gateway = GatewayUnderTest(app, listening)
         started.append(gateway)

@@ -24,19 +24,19 @@ async def test_chat_served_with_prism_headers(prism_fake, prism_gateway, catalog
     )
     assert raw.headers["x-prism-provider"] == "alpha"
     assert raw.headers["x-prism-model"] == "up-alpha"
-    assert raw.headers["x-prism-attempts"] == "2"
-    log = raw.headers["x-prism-attempt-log"]
-    assert log.startswith("beta/up-beta transient 500 ")
-    assert "; alpha/up-alpha ok 200 " in log
+    # The failing binding is retried (retries = 2 by default), then the next one serves.
+    assert raw.headers["x-prism-attempts"] == "4"
+    log = [entry.split()[:3] for entry in raw.headers["x-prism-attempt-log"].split("; ")]
+    assert log == [["beta/up-beta", "transient", "500"]] * 3 + [["alpha/up-alpha", "ok", "200"]]
     request_id = raw.headers["x-prism-request-id"]
     assert request_id.startswith("req_")
     [settlement] = recorder.settlements_for(request_id)
     assert settlement.outcome == "ok"
     assert settlement.served.binding.id == "alpha/up-alpha"
     assert settlement.usage.output_tokens == completion.usage.completion_tokens
-    # The upstream saw its own model name, and the failed binding was tried once.
+    # The upstream saw its own model name.
     assert prism_fake.requests("ok")[-1].body["model"] == "up-alpha"
-    assert prism_fake.hits("err500") == 1
+    assert prism_fake.hits("err500") == 3
 
 
 async def test_streaming_chat_relays_chunks_and_hides_usage_unless_asked(
@@ -75,7 +75,7 @@ async def test_stream_headers_name_the_serving_binding(prism_fake, prism_gateway
             assert response.status == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             assert response.headers["x-prism-provider"] == "alpha"
-            assert response.headers["x-prism-attempts"] == "2"
+            assert response.headers["x-prism-attempts"] == "4"
             text = await response.text()
     assert text.endswith("data: [DONE]\n\n")
 
@@ -107,7 +107,7 @@ async def test_every_binding_failing_gives_503_with_the_record(
     prism_fake, prism_gateway, catalog, recorder
 ):
     prism_fake.script("ok", [Fault(status=502)])
-    gw = await prism_gateway(catalog)
+    gw = await prism_gateway(catalog, config={"retries": 0})
     with pytest.raises(openai.APIStatusError) as info:
         await gw.openai().chat.completions.create(model="chat-a", messages=MESSAGES)
     err = info.value
@@ -126,7 +126,7 @@ async def test_every_binding_failing_gives_503_with_the_record(
 
 async def test_embeddings_failure_code_is_prefixed(prism_fake, prism_gateway, catalog):
     prism_fake.script("ok", [Fault(status=500)])
-    gw = await prism_gateway(catalog)
+    gw = await prism_gateway(catalog, config={"retries": 0})
     with pytest.raises(openai.APIStatusError) as info:
         await gw.openai().embeddings.create(model="embed-a", input="x")
     assert info.value.code == "runtime_embeddings_failed:upstream_unavailable"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from ..call import Call, Route
+from ..call import Route
+from ..catalog import ModelSpec
 from ..hookimpl import hookimpl
 
 
 @hookimpl(trylast=True)
-def prism_select_route(call: Call) -> Route | None:
-    if call.model is None:
-        return None
-    return Route(bindings=call.model.chain)
+def prism_select_route(model: ModelSpec) -> Route:
+    return Route(bindings=model.chain)

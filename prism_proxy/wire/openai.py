@@ -232,3 +232,41 @@ def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
         output_tokens=-(-delivered_chars // 4),
         estimated=True,
     )
+
+
+def completion_body(completion_id: str, model: str, text: str, created: int) -> dict[str, Any]:
+    """A whole chat completion answered by Prism itself (the degraded answer)."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }
+
+
+def completion_events(completion_id: str, model: str, text: str, created: int) -> bytes:
+    """The same answer as a stream: role and content, finish, then ``[DONE]``."""
+    head = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+    }
+    chunks = [
+        {
+            **head,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
+            ],
+        },
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + DONE_EVENT
