@@ -33,10 +33,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         content_type = upstream.headers.get("Content-Type")
         if content_type is not None:
             response.headers["Content-Type"] = content_type
-        await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client hung up (wrk stops mid-request at the end of a run)
         return response
 
 
