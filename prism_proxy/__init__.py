@@ -5,6 +5,7 @@ else.  Everything in submodules not re-exported here is private and may
 change without notice.
 """
 
+from .admin import admin_handler, require_admin
 from .app import create_app
 from .call import (
     ANONYMOUS,
@@ -21,6 +22,7 @@ from .call import (
 )
 from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec
 from .classification import PERMANENT_MARKERS, find_permanent_marker, parse_retry_after
+from .commands import Command, Commands
 from .config import Config, Section, config_from_mapping, load_config
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
@@ -36,6 +38,8 @@ __all__ = [
     "Call",
     "Catalog",
     "CatalogKeys",
+    "Command",
+    "Commands",
     "Config",
     "ConfigError",
     "Endpoint",
@@ -55,10 +59,12 @@ __all__ = [
     "UpstreamResult",
     "Usage",
     "Verdict",
+    "admin_handler",
     "config_from_mapping",
     "create_app",
     "find_permanent_marker",
     "hookimpl",
     "load_config",
     "parse_retry_after",
+    "require_admin",
 ]

@@ -196,6 +196,9 @@ class Call:
     endpoint: Endpoint
     received_at: float
     request: web.Request | None = None
+    #: ``customer`` for callers; ``probe``/``preflight`` for traffic Prism or a
+    #: plugin makes itself, which never reaches a customer's bill.
+    traffic: str = "customer"
     body: dict[str, Any] = attrs.field(factory=dict)
     model_name: str = ""
     model: ModelSpec | None = None

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import create_app
+from .commands import Command, Commands
 from .config import Config, config_from_mapping, load_config
 from .errors import ConfigError
 from .gateway import GATEWAY
@@ -22,31 +23,53 @@ DEMO_UPSTREAM_PORT = 18900
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="prism", description="Prism, a pluggable LLM gateway.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("serve", "run the gateway"),
-        ("check", "validate the configuration and the catalog, then exit"),
-        ("plugins", "list loaded plugins, their versions and where each came from"),
-    ):
-        sub = commands.add_parser(name, help=text, description=text)
-        sub.add_argument("--config", metavar="PATH", help="config file (default: search upwards)")
-    demo = commands.add_parser(
-        "demo", help="run a fake upstream and the gateway on the embedded demo configuration"
-    )
-    demo.add_argument("--listen", default=None, help="HOST:PORT for the gateway")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args.command == "serve":
-            return _serve(load_config(args.config))
-        if args.command == "check":
-            return _check(load_config(args.config))
-        if args.command == "plugins":
-            return _plugins(args.config)
-        return _demo(args.listen)
+        return _main(argv)
     except ConfigError as exc:
         print(f"prism: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+def _main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="prism", description="Prism, a pluggable LLM gateway.")
+    commands = Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    commands.add("serve", "run the gateway", lambda args, config: _serve(config))
+    commands.add(
+        "check", "validate the configuration and the catalog, then exit", lambda a, c: _check(c)
+    )
+    commands.add(
+        "plugins",
+        "list loaded plugins, their versions and where each came from",
+        _plugins,
+        needs_config=False,
+    )
+    demo = commands.subparsers.add_parser(
+        "demo", help="run a fake upstream and the gateway on the embedded demo configuration"
+    )
+    demo.add_argument("--listen", default=None, help="HOST:PORT for the gateway")
+    # Plugins add their own commands; which plugins load depends on the config.
+    config, config_error = _preload(argv)
+    make_plugin_manager(config).hook.prism_cli(commands=commands)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo(args.listen)
+    if config_error is not None and (args.needs_config or args.config):
+        raise config_error
+    run: Command = args.run
+    return run(args, config)
+
+
+def _preload(argv: list[str]) -> tuple[Config, ConfigError | None]:
+    """The config named by ``--config`` (or found), or defaults and the error to report."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    try:
+        return load_config(known.config), None
+    except ConfigError as exc:
+        fallback = config_from_mapping({}, catalog_data={}, source="(no configuration found)")
+        return fallback, exc
 
 
 def _logging(config: Config) -> None:
@@ -77,13 +100,7 @@ def _check(config: Config) -> int:
     return 0
 
 
-def _plugins(path: str | None) -> int:
-    try:
-        config = load_config(path)
-    except ConfigError:
-        if path is not None:
-            raise
-        config = config_from_mapping({}, catalog_data={}, source="(no configuration found)")
+def _plugins(args: argparse.Namespace, config: Config) -> int:
     pm = make_plugin_manager(config)
     rows = [(i.name, i.distribution, i.version, i.location) for i in describe_plugins(pm)]
     header = ("plugin", "distribution", "version", "location")

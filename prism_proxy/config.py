@@ -12,6 +12,8 @@ Each plugin reads its own section: ``[prism:<name>]`` in ini files,
 from __future__ import annotations
 
 import configparser
+import logging
+import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,7 +25,7 @@ from .errors import ConfigError
 
 __all__ = ["Config", "Section", "find_config", "load_config", "config_from_mapping"]
 
-INI_NAMES = ("prism.ini", "setup.cfg")
+log = logging.getLogger("prism")
 CORE_KEYS = frozenset(
     {
         "listen",
@@ -40,6 +42,7 @@ CORE_KEYS = frozenset(
         "backoff_cap_ms",
         "call_budget_ms",
         "cross_tier_fallback",
+        "admin_token_env",
     }
 )
 
@@ -179,6 +182,8 @@ class Config:
     #: One time budget for every try of every binding of a call (models may override).
     call_budget_ms: int = 120_000
     cross_tier_fallback: bool = False
+    #: The admin API's bearer token, read from the variable ``admin_token_env`` names.
+    admin_token: str | None = attrs.field(default=None, repr=False)
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
 
@@ -332,6 +337,15 @@ def config_from_mapping(
     )
     config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
     config.cross_tier_fallback = core.get_bool("cross_tier_fallback", config.cross_tier_fallback)
+    token_env = core.get_str("admin_token_env")
+    if token_env:
+        config.admin_token = os.environ.get(token_env) or None
+        if config.admin_token is None:
+            log.warning(
+                "%s: [prism] admin_token_env: %s is not set; the admin API stays off",
+                source,
+                token_env,
+            )
     return config
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
     from .catalog import Catalog, CatalogKeys, ModelSpec
+    from .commands import Commands
     from .config import Config
     from .providers import ProviderFactory
 
@@ -66,6 +67,19 @@ def prism_catalog_keys() -> CatalogKeys | None:
     The core rejects unknown keys in the catalog; a plugin that reads, say,
     ``price`` on chain lines returns ``CatalogKeys(binding=frozenset({"price"}))``.
     Called once at start-up, before the catalog is validated.  Fan-out.
+    """
+
+
+@hookspec
+def prism_cli(commands: Commands) -> None:
+    """Add subcommands to the ``prism`` command line (``prism breaker ...``).
+
+    Called once when ``prism`` starts, with the plugins the configuration
+    enables (``--config`` is pre-read for that).  Call
+    ``commands.add(name, help, run)``: it returns the ``argparse`` parser to
+    add arguments to; ``run(args, config) -> int`` is called with the parsed
+    arguments and the loaded ``Config`` and returns the exit status.  Raise
+    ``ConfigError`` for configuration mistakes.  Fan-out.
     """
 
 

@@ -64,12 +64,11 @@ class UpstreamStream:
         self.finished = False
         self.done = False
 
-    async def _fill(self) -> bool:
-        """Read from the network until at least one event is queued; False at EOF."""
+    async def _fill(self) -> None:
+        """Read from the network until at least one event is queued (StopAsyncIteration at EOF)."""
         while not self._queue:
             data = await self._chunks.__anext__()
             self._queue.extend(self._sse.feed(data))
-        return True
 
     async def until_commit(self) -> tuple[bytes | None, bool]:
         """Read up to the commit point.

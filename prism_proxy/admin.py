@@ -1,0 +1,54 @@
+"""The admin API's one gate: a bearer token named by ``[prism] admin_token_env``.
+
+Plugins wrap their admin handlers with :func:`admin_handler`; with no token
+configured every admin route answers 403 ``admin_disabled``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from .errors import PrismError
+from .gateway import GATEWAY
+from .wire.openai import error_payload
+
+__all__ = ["admin_handler", "error_response", "require_admin"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def require_admin(request: web.Request) -> None:
+    """Raise PrismError unless the request carries the admin token (compared in constant time)."""
+    token = request.app[GATEWAY].config.admin_token
+    if not token:
+        raise PrismError(
+            403, "admin_disabled", "the admin API is off: set [prism] admin_token_env to enable it"
+        )
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        raise PrismError(401, "invalid_admin_token", "missing or invalid admin token")
+
+
+def error_response(err: PrismError) -> web.Response:
+    return web.Response(
+        status=err.status, body=orjson.dumps(error_payload(err)), content_type="application/json"
+    )
+
+
+def admin_handler(handler: Handler) -> Handler:
+    """Wrap an aiohttp handler: admin token required; PrismError becomes a JSON error."""
+
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            require_admin(request)
+            return await handler(request)
+        except PrismError as err:
+            return error_response(err)
+
+    return wrapped

@@ -1,0 +1,82 @@
+"""Plugins add CLI commands and admin routes through the core's one mechanism each."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from prism_proxy import admin_handler, hookimpl
+from prism_proxy.cli import main
+
+
+class Greeter:
+    @hookimpl
+    def prism_cli(self, commands):
+        parser = commands.add("greet", "say hello", self.run)
+        parser.add_argument("name")
+
+    def run(self, args, config):
+        print(f"hello {args.name} from {config.source}")
+        return 3
+
+    @hookimpl
+    def prism_app_setup(self, app, config):
+        @admin_handler
+        async def secret(request: web.Request) -> web.Response:
+            return web.json_response({"secret": "admin only"})
+
+        app.router.add_get("/greeter/admin", secret)
+
+
+def test_plugin_command_runs_with_the_loaded_config(tmp_path, monkeypatch, capsys):
+    (tmp_path / "prism.ini").write_text("[prism]\ncatalog = c.toml\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        "prism_proxy.cli.make_plugin_manager",
+        _with_plugin(Greeter()),
+    )
+    assert main(["greet", "world"]) == 3
+    assert f"hello world from {tmp_path / 'prism.ini'}" in capsys.readouterr().out
+
+
+def test_plugin_command_without_a_config_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("prism_proxy.cli.make_plugin_manager", _with_plugin(Greeter()))
+    assert main(["greet", "world"]) == 2
+    assert "no configuration found" in capsys.readouterr().err
+
+
+def _with_plugin(plugin):
+    from prism_proxy import plugins
+
+    def make(config, **kwargs):
+        return plugins.make_plugin_manager(config, extra_plugins=[(plugin, "greeter")])
+
+    return make
+
+
+async def test_admin_routes_need_the_token(prism_fake, prism_gateway, catalog, monkeypatch):
+    monkeypatch.setenv("TEST_ADMIN_TOKEN", "s3cret-admin")
+    gw = await prism_gateway(
+        catalog, config={"admin_token_env": "TEST_ADMIN_TOKEN"}, plugins=[(Greeter(), "greeter")]
+    )
+    async with aiohttp.ClientSession() as session:
+        url = gw.url + "/greeter/admin"
+        async with session.get(url) as response:
+            assert response.status == 401
+            assert (await response.json())["error"]["code"] == "invalid_admin_token"
+        async with session.get(url, headers={"Authorization": "Bearer wrong"}) as response:
+            assert response.status == 401
+        async with session.get(url, headers={"Authorization": "Bearer s3cret-admin"}) as response:
+            assert response.status == 200
+            assert await response.json() == {"secret": "admin only"}
+
+
+async def test_admin_routes_are_off_without_a_token(prism_fake, prism_gateway, catalog):
+    gw = await prism_gateway(catalog, plugins=[(Greeter(), "greeter")])
+    async with aiohttp.ClientSession() as session:
+        async with session.get(
+            gw.url + "/greeter/admin", headers={"Authorization": "Bearer anything"}
+        ) as response:
+            assert response.status == 403
+            assert (await response.json())["error"]["code"] == "admin_disabled"
