@@ -88,10 +88,14 @@ class Route:
 
     ``notes`` end up in the attempt record (for example a breaker standing
     down); ``skipped`` holds bindings left out before dispatch, with reasons.
+    ``cross_tier`` false forbids the model's cross-tier fallback for this call
+    (a routing rule that pins a region replaces the whole chain, fallbacks
+    included).
     """
 
     bindings: tuple[Binding, ...]
     name: str = "default"
+    cross_tier: bool = True
     notes: list[str] = attrs.field(factory=list)
     skipped: list[tuple[Binding, str]] = attrs.field(factory=list)
 
@@ -111,6 +115,8 @@ class Attempt:
     first_byte_ms: float | None = None
     #: A short technical cause such as ``connect: ClientConnectorError``; never body text.
     error: str | None = None
+    #: Plugins' own per-attempt data, keyed by plugin name.
+    extensions: dict[str, Any] = attrs.field(factory=dict)
 
     @property
     def outcome(self) -> Outcome | None:

@@ -92,7 +92,7 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
         cross_tier = model.cross_tier_fallback
         if cross_tier is None:
             cross_tier = config.cross_tier_fallback
-        if cross_tier and not model.pinned:
+        if cross_tier and call.route.cross_tier and not model.pinned:
             for name in model.fallback_models:
                 fallback = gw.catalog.models[name]
                 route: Route | None = gw.hook.prism_select_route(call=call, model=fallback)
@@ -170,6 +170,7 @@ async def _attempt(
 ) -> tuple[Served | None, Attempt, UpstreamResult]:
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
+    gw.hook.prism_attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:

@@ -135,6 +135,18 @@ def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
     """
 
 
+@hookspec
+def prism_attempt_start(call: Call, attempt: Attempt) -> None:
+    """An attempt is about to be sent upstream.
+
+    Called synchronously right before each attempt (every retry and every
+    binding).  Observers may tag the attempt in ``attempt.extensions`` (e.g.
+    the state revision it started under) and count it in flight; they must
+    not block.  Every attempt that starts is later shown to
+    ``prism_on_attempt``.  Fan-out.
+    """
+
+
 @hookspec(firstresult=True)
 def prism_classify(call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict | None:
     """Classify one attempt's upstream result into a ``Verdict``.

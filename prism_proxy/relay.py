@@ -52,6 +52,20 @@ async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
     return web.Response(body=result.body, status=200, headers=headers)
 
 
+def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
+    """Headers set after a stream's headers left (e.g. a cost from settle), as SSE comments.
+
+    SSE clients ignore comment lines, so the answer's format is unchanged;
+    a caller that wants them reads ``: x-prism-cost: 0.00042`` before the end.
+    """
+    late = [
+        f": {name}: {value}\n\n"
+        for name, value in call.response_headers.items()
+        if sent.get(name) != value
+    ]
+    return "".join(late).encode("latin-1", "replace")
+
+
 def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
     return stream.usage or estimate_usage(call.body, stream.delivered_chars)
 
@@ -62,6 +76,7 @@ async def _relay_stream(
     headers = prism_headers(call)
     headers.update(_STREAM_HEADERS)
     response = web.StreamResponse(status=200, headers=headers)
+    sent = dict(call.response_headers)
     try:
         await response.prepare(request)
         try:
@@ -81,12 +96,12 @@ async def _relay_stream(
             await gw.settle(
                 call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
             )
-            await response.write(error_event(err))
+            await response.write(_late_headers(call, sent) + error_event(err))
             await response.write_eof()
             return response
         served.response.release()
         await gw.settle(call, Settlement("ok", 200, served.attempt, _usage_so_far(call, stream)))
-        await response.write(DONE_EVENT)
+        await response.write(_late_headers(call, sent) + DONE_EVENT)
         await response.write_eof()
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.

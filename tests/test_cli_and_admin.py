@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from prism_proxy import admin_handler, hookimpl
@@ -80,3 +81,82 @@ async def test_admin_routes_are_off_without_a_token(prism_fake, prism_gateway, c
         ) as response:
             assert response.status == 403
             assert (await response.json())["error"]["code"] == "admin_disabled"
+
+
+class Tagger:
+    """Uses attempt_start, settle-time headers and a route that forbids cross-tier fallback."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    @hookimpl
+    def prism_attempt_start(self, call, attempt):
+        attempt.extensions["tagger"] = len(self.started)
+        self.started.append(attempt.number)
+
+    @hookimpl
+    def prism_settle(self, call, settlement):
+        call.response_headers["x-tagger-cost"] = "0.25"
+
+
+async def test_attempt_start_and_late_stream_headers(prism_fake, prism_gateway, recorder):
+    from prism_fake_upstream import Fault
+
+    tagger = Tagger()
+    prism_fake.script("ok", [Fault(status=503)])
+    catalog = {
+        "providers": {"p": {"kind": "openai", "base_url": prism_fake.base_url("ok")}},
+        "models": {"m": {"chain": [{"provider": "p", "model": "x"}]}},
+    }
+    gw = await prism_gateway(catalog, plugins=[(tagger, "tagger")], random=lambda: 0.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ) as response:
+            body = await response.read()
+        async with session.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        ) as plain:
+            assert plain.headers["x-tagger-cost"] == "0.25"
+    assert "x-tagger-cost" not in response.headers
+    assert body.endswith(b": x-tagger-cost: 0.25\n\ndata: [DONE]\n\n")
+    assert tagger.started == [1, 2, 1]
+    assert [a.extensions["tagger"] for a in recorder.attempts] == [0, 1, 2]
+
+
+class NoCrossTier:
+    @hookimpl
+    def prism_select_route(self, call, model):
+        from prism_proxy import Route
+
+        return Route(bindings=model.chain, name="pinned-region", cross_tier=False)
+
+
+async def test_a_route_can_forbid_cross_tier_fallback(prism_fake, prism_gateway):
+    import openai
+
+    catalog = {
+        "providers": {
+            "a": {"kind": "openai", "base_url": prism_fake.base_url("err500")},
+            "b": {"kind": "openai", "base_url": prism_fake.base_url("ok")},
+        },
+        "models": {
+            "big": {
+                "tier": "t1",
+                "chain": [{"provider": "a", "model": "x"}],
+                "retries": 0,
+                "fallback_models": ["small"],
+                "cross_tier_fallback": True,
+            },
+            "small": {"tier": "t2", "chain": [{"provider": "b", "model": "y"}]},
+        },
+    }
+    gw = await prism_gateway(catalog, plugins=[(NoCrossTier(), "region")])
+    with pytest.raises(openai.APIStatusError) as info:
+        await gw.openai().chat.completions.create(
+            model="big", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.response.headers["x-prism-route"] == "pinned-region"
+    assert prism_fake.hits("ok") == 0
