@@ -27,11 +27,21 @@ from .config import Config, Section, config_from_mapping, load_config
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
 from .hookimpl import hookimpl
-from .providers import HttpProvider, Provider, ProviderFactory, UpstreamResponse
+from .providers import (
+    PARAM_RULE_KEYS,
+    HttpProvider,
+    Provider,
+    ProviderFactory,
+    UpstreamResponse,
+    check_param_rules,
+    line_params,
+    normalise_params,
+)
 
 __all__ = [
     "ANONYMOUS",
     "GATEWAY",
+    "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
     "Attempt",
     "Binding",
@@ -60,11 +70,14 @@ __all__ = [
     "Usage",
     "Verdict",
     "admin_handler",
+    "check_param_rules",
     "config_from_mapping",
     "create_app",
     "find_permanent_marker",
     "hookimpl",
+    "line_params",
     "load_config",
+    "normalise_params",
     "parse_retry_after",
     "require_admin",
 ]

@@ -35,6 +35,7 @@ class Endpoint(enum.StrEnum):
 
     CHAT = "chat"
     EMBEDDINGS = "embeddings"
+    MESSAGES = "messages"
 
 
 class Outcome(enum.StrEnum):
@@ -115,6 +116,8 @@ class Attempt:
     first_byte_ms: float | None = None
     #: A short technical cause such as ``connect: ClientConnectorError``; never body text.
     error: str | None = None
+    #: Parameters dropped or renamed for this binding (``x-prism-params-adjusted``).
+    params_adjusted: list[str] = attrs.field(factory=list)
     #: Plugins' own per-attempt data, keyed by plugin name.
     extensions: dict[str, Any] = attrs.field(factory=dict)
 
@@ -140,6 +143,8 @@ class UpstreamResult:
     timed_out: bool = False
     stream_broken: bool = False
     streaming: bool = False
+    #: The wire format of ``body``: the provider's (``openai``, ``anthropic``).
+    wire: str = "openai"
 
     @cached_property
     def json(self) -> Any:
@@ -158,7 +163,12 @@ class UpstreamResult:
 
 @attrs.frozen
 class Usage:
-    """Tokens used by the serving attempt; ``estimated`` when the provider did not report them."""
+    """Tokens used by the serving attempt; ``estimated`` when the provider did not report them.
+
+    ``input_tokens`` counts every prompt token, cached or not;
+    ``cached_input_tokens`` (read from a cache) and ``cache_creation_tokens``
+    (written to one) are the parts of it billed at other rates.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0

@@ -28,6 +28,7 @@ import attrs
 from .backoff import Backoff
 from .call import Attempt, Call, Endpoint, Outcome, Route, UpstreamResult, Verdict
 from .catalog import Binding, ModelSpec
+from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
 from .gateway import Gateway
 from .providers import UpstreamResponse
@@ -53,6 +54,7 @@ class Served:
     response: UpstreamResponse
     result: UpstreamResult
     stream: UpstreamStream | None
+    prepared: Prepared
 
     def discard(self) -> None:
         if self.stream is None:
@@ -108,6 +110,14 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
     except _BudgetSpent:
         gw.counters["chain_exceeded_max_time"] += 1
         raise exhausted(call, status=504, code="chain_deadline_exceeded") from None
+    if not call.attempts and walk.incompatible:
+        reasons = "; ".join(f"{binding_id}: {why}" for binding_id, why in walk.incompatible)
+        raise PrismError(
+            400,
+            "no_compatible_binding",
+            f"no binding of model '{model.name}' can express this request ({reasons})",
+            extra={"request_id": call.request_id, "attempts": attempt_record(call)},
+        )
     raise exhausted(call)
 
 
@@ -116,15 +126,30 @@ class _Walk:
     gw: Gateway
     call: Call
     deadline: float
+    #: Bindings skipped because they cannot express the request, with why.
+    incompatible: list[tuple[str, str]] = attrs.field(factory=list)
 
     async def route(self, route: Route, model: ModelSpec) -> Served | None:
+        # Compatibility is settled for the whole route before its first attempt.
+        ready = []
         for binding in route.bindings:
-            served = await self.binding(binding, model)
+            try:
+                ready.append(
+                    (binding, prepare(self.call, binding, self.gw.providers[binding.provider]))
+                )
+            except Untranslatable as why:
+                assert self.call.route is not None
+                self.call.route.skipped.append((binding, f"cannot express {why}"))
+                self.incompatible.append((binding.id, str(why)))
+        for binding, prepared in ready:
+            served = await self.binding(binding, model, prepared)
             if served is not None:
                 return served
         return None
 
-    async def binding(self, binding: Binding, model: ModelSpec) -> Served | None:
+    async def binding(
+        self, binding: Binding, model: ModelSpec, prepared: Prepared
+    ) -> Served | None:
         gw, call = self.gw, self.call
         config = gw.config
         retries = model.retries if model.retries is not None else config.retries
@@ -137,7 +162,7 @@ class _Walk:
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
-            served, attempt, result = await _attempt(gw, call, binding, timeout)
+            served, attempt, result = await _attempt(gw, call, binding, timeout, prepared)
             verdict = attempt.verdict
             assert verdict is not None
             if served is not None:
@@ -166,40 +191,54 @@ class _Walk:
 
 
 async def _attempt(
-    gw: Gateway, call: Call, binding: Binding, timeout: float
+    gw: Gateway, call: Call, binding: Binding, timeout: float, prepared: Prepared
 ) -> tuple[Served | None, Attempt, UpstreamResult]:
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
+    attempt.params_adjusted = list(prepared.adjusted)
     gw.hook.prism_attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
         try:
             async with asyncio.timeout(timeout):
-                response = await provider.send(call, binding)
+                response = await provider.send(call, binding, prepared.endpoint, prepared.body)
                 attempt.status = response.status
                 if response.status == 200 and call.stream:
-                    stream = UpstreamStream(response, forward_usage=call.include_usage)
+                    stream = UpstreamStream(
+                        response,
+                        wire=prepared.provider_wire,
+                        forward_usage=call.include_usage,
+                        translator=prepared.stream_translator(call.include_usage),
+                    )
                     data, broken = await stream.until_commit()
                     result = UpstreamResult(
-                        200, response.headers, data or b"", stream_broken=broken, streaming=True
+                        200,
+                        response.headers,
+                        data or b"",
+                        stream_broken=broken,
+                        streaming=True,
+                        wire=provider.wire,
                     )
                 else:
                     body = await response.read()
-                    result = UpstreamResult(response.status, response.headers, body)
+                    result = UpstreamResult(
+                        response.status, response.headers, body, wire=provider.wire
+                    )
         except TimeoutError:
-            result = UpstreamResult(attempt.status, timed_out=True)
+            result = UpstreamResult(attempt.status, timed_out=True, wire=provider.wire)
         except _CONNECTION_ERRORS as exc:
             attempt.error = type(exc).__name__
-            result = UpstreamResult(attempt.status, error=exc)
+            result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
     except asyncio.CancelledError as exc:
         if response is not None:
             response.close()
-        await _finish(gw, call, attempt, UpstreamResult(attempt.status, error=exc))
+        cancelled = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
+        await _finish(gw, call, attempt, cancelled)
         raise
     verdict = await _finish(gw, call, attempt, result)
     if verdict.outcome in (Outcome.OK, Outcome.EMPTY) and response is not None:
-        return Served(attempt, response, result, stream), attempt, result
+        return Served(attempt, response, result, stream, prepared), attempt, result
     if response is not None:
         if stream is None and result.error is None and not result.timed_out:
             response.release()

@@ -14,7 +14,9 @@ from .errors import PrismError
 from .gateway import GATEWAY, Gateway
 from .record import prism_headers
 from .relay import relay, relay_degraded
-from .wire.openai import error_payload, validate_chat, validate_embeddings
+from .wire import ANTHROPIC, OPENAI, wire_for
+from .wire.anthropic import validate_messages
+from .wire.openai import validate_chat, validate_embeddings
 
 __all__ = ["add_routes"]
 
@@ -22,6 +24,7 @@ __all__ = ["add_routes"]
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/healthz", healthz)
@@ -35,6 +38,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     return await _handle(request, Endpoint.EMBEDDINGS)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, Endpoint.MESSAGES)
 
 
 async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
@@ -78,6 +85,8 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         call.body = await _read_json(request, gw.config.max_body_bytes)
         if endpoint is Endpoint.CHAT:
             call.model_name, call.stream, call.include_usage = validate_chat(call.body)
+        elif endpoint is Endpoint.MESSAGES:
+            call.model_name, call.stream = validate_messages(call.body)
         else:
             call.model_name = validate_embeddings(call.body)
         principal = gw.hook.prism_authenticate(call=call, request=request)
@@ -100,7 +109,7 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     except PassThrough as rejected:
         return await _pass_through(gw, call, rejected)
     except ChainDeadline as err:
-        if call.model is not None and call.model.degraded and endpoint is Endpoint.CHAT:
+        if call.model is not None and call.model.degraded and endpoint is not Endpoint.EMBEDDINGS:
             return await relay_degraded(gw, call, call.model.degraded, request)
         return await _error_response(gw, call, err)
     except PrismError as err:
@@ -112,43 +121,81 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
 
 
 async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.Response:
+    """The caller's own mistake, as the upstream said it.
+
+    Unchanged when the caller speaks the upstream's wire format; otherwise the
+    upstream's message in the caller's error shape, with the same status.
+    """
     result = rejected.result
     assert result.status is not None
     await gw.settle(call, Settlement("error", result.status, None, None, "upstream_request_error"))
     headers = prism_headers(call)
-    headers["Content-Type"] = result.headers.get("Content-Type", "application/json")
-    return web.Response(status=result.status, body=result.body, headers=headers)
+    provider = gw.providers[rejected.attempt.binding.provider]
+    client_wire = wire_for(call.endpoint)
+    if client_wire.name == provider.wire:
+        headers["Content-Type"] = result.headers.get("Content-Type", "application/json")
+        return web.Response(status=result.status, body=result.body, headers=headers)
+    err = PrismError(result.status, "upstream_request_error", _upstream_message(result.json))
+    headers["Content-Type"] = "application/json"
+    return web.Response(status=result.status, body=client_wire.error_body(err), headers=headers)
+
+
+def _upstream_message(payload: Any) -> str:
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message) if message else "the upstream rejected the request"
 
 
 async def _error_response(gw: Gateway, call: Call, err: PrismError) -> web.Response:
     await gw.settle(call, Settlement("error", err.status, None, None, err.code))
     return web.Response(
         status=err.status,
-        body=orjson.dumps(error_payload(err)),
+        body=wire_for(call.endpoint).error_body(err),
         content_type="application/json",
         headers=prism_headers(call),
     )
 
 
+def _anthropic_client(request: web.Request) -> bool:
+    """The Anthropic SDK sends anthropic-version; it expects its own list shape."""
+    return "anthropic-version" in request.headers
+
+
 async def list_models(request: web.Request) -> web.Response:
     catalog = request.app[GATEWAY].catalog
-    data = [_model_object(name) for name in catalog.models]
-    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+    names = list(catalog.models)
+    if _anthropic_client(request):
+        body: dict[str, Any] = {
+            "data": [_anthropic_model(name) for name in names],
+            "has_more": False,
+            "first_id": names[0] if names else None,
+            "last_id": names[-1] if names else None,
+        }
+    else:
+        body = {"object": "list", "data": [_model_object(name) for name in names]}
+    return web.json_response(body, dumps=_dumps)
 
 
 async def get_model(request: web.Request) -> web.Response:
     catalog = request.app[GATEWAY].catalog
     name = request.match_info["model"]
+    anthropic = _anthropic_client(request)
     if catalog.resolve(name) is None:
         err = PrismError(
             404, "model_not_found", f"model '{name}' is not in the catalog", param="model"
         )
-        return web.json_response(error_payload(err), status=404, dumps=_dumps)
-    return web.json_response(_model_object(name), dumps=_dumps)
+        wire = ANTHROPIC if anthropic else OPENAI
+        return web.Response(status=404, body=wire.error_body(err), content_type="application/json")
+    body = _anthropic_model(name) if anthropic else _model_object(name)
+    return web.json_response(body, dumps=_dumps)
 
 
 def _model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "prism"}
+
+
+def _anthropic_model(name: str) -> dict[str, Any]:
+    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
 
 
 def _dumps(value: Any) -> str:

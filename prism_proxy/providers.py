@@ -11,14 +11,27 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import aiohttp
 
-from .call import Call
-from .catalog import Binding, ProviderSpec
+from .call import Call, Endpoint
+from .catalog import Binding, Catalog, ProviderSpec
+from .errors import ConfigError
 
-__all__ = ["HttpProvider", "Provider", "ProviderFactory", "UpstreamResponse"]
+__all__ = [
+    "PARAM_RULE_KEYS",
+    "HttpProvider",
+    "Provider",
+    "ProviderFactory",
+    "UpstreamResponse",
+    "check_param_rules",
+    "line_params",
+    "normalise_params",
+]
+
+#: Catalog line keys for per-family parameter normalisation (declared by provider plugins).
+PARAM_RULE_KEYS = frozenset({"drop_params", "rename_params"})
 
 
 class UpstreamResponse(Protocol):
@@ -43,11 +56,16 @@ class UpstreamResponse(Protocol):
 class Provider(abc.ABC):
     """One configured upstream account.
 
-    ``wire`` names the wire format the upstream speaks (``"openai"``); the
-    core relays answers in that format to callers who speak it.
+    ``wire`` names the wire format the upstream speaks (``"openai"`` or
+    ``"anthropic"``) and ``endpoints`` what it serves natively.  The core
+    translates between wire formats: a chat call can be served by an
+    Anthropic provider, a messages call by an OpenAI one.
     """
 
     wire: ClassVar[str] = "openai"
+    endpoints: ClassVar[frozenset[Endpoint]] = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
+    #: ``max_tokens`` to send when a translated request has none and the API needs one.
+    default_max_tokens: int = 4096
 
     def __init__(self, spec: ProviderSpec) -> None:
         self.spec = spec
@@ -59,12 +77,27 @@ class Provider(abc.ABC):
     async def close(self) -> None:
         """Release pooled resources; called once at shutdown."""
 
-    @abc.abstractmethod
-    async def send(self, call: Call, binding: Binding) -> UpstreamResponse:
-        """Send ``call`` to ``binding``'s upstream model and return once headers arrive.
+    def adjust(self, binding: Binding, body: dict[str, Any]) -> list[str]:
+        """Normalise ``body`` (already in this provider's wire format) for ``binding``.
 
-        Raise ``aiohttp.ClientError``/``OSError`` for connection failures; the
-        core enforces the attempt timeout around this call and the body read.
+        Per-family parameter rules declared on the catalog line (e.g.
+        ``drop_params``, ``rename_params``) belong here, never in call sites.
+        Mutate ``body`` in place and return what was changed, in words
+        (``"dropped temperature"``): the caller sees it in
+        ``x-prism-params-adjusted``.
+        """
+        return []
+
+    @abc.abstractmethod
+    async def send(
+        self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]
+    ) -> UpstreamResponse:
+        """Send ``body`` to ``binding``'s upstream ``endpoint``; return once headers arrive.
+
+        ``body`` is in this provider's wire format, translated and adjusted;
+        set its ``model`` to ``binding.model``.  Raise
+        ``aiohttp.ClientError``/``OSError`` for connection failures; the core
+        enforces the attempt timeout around this call and the body read.
         """
 
 
@@ -136,3 +169,52 @@ def _positive_int(spec: ProviderSpec, key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise spec.error(key, f"expected a positive whole number, got {value!r}")
     return value
+
+
+def normalise_params(
+    body: dict[str, Any], drop: tuple[str, ...], rename: Mapping[str, str]
+) -> list[str]:
+    """Apply a catalog line's ``drop_params`` and ``rename_params`` to ``body``.
+
+    Only parameters actually present are reported.
+    """
+    adjusted = []
+    for name in drop:
+        if name in body:
+            del body[name]
+            adjusted.append(f"dropped {name}")
+    for old, new in rename.items():
+        if old in body:
+            body[new] = body.pop(old)
+            adjusted.append(f"renamed {old} to {new}")
+    return adjusted
+
+
+def line_params(binding: Binding) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A catalog line's ``drop_params`` and ``rename_params`` (checked at start-up)."""
+    return tuple(binding.options.get("drop_params", ())), dict(
+        binding.options.get("rename_params", {})
+    )
+
+
+def check_param_rules(catalog: Catalog, kind: str) -> None:
+    """Validate ``drop_params``/``rename_params`` on the lines whose provider is of ``kind``."""
+    for name, model in catalog.models.items():
+        for index, binding in enumerate(model.chain):
+            if catalog.providers[binding.provider].kind != kind:
+                continue
+            where = f"models.{name}.chain[{index}]"
+            drop = binding.options.get("drop_params", [])
+            if not isinstance(drop, list) or not all(isinstance(p, str) for p in drop):
+                raise ConfigError(
+                    catalog.source, f"{where}.drop_params", "expected a list of names"
+                )
+            rename = binding.options.get("rename_params", {})
+            if not isinstance(rename, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
+            ):
+                raise ConfigError(
+                    catalog.source,
+                    f"{where}.rename_params",
+                    'expected a table of old = "new" names',
+                )

@@ -51,6 +51,8 @@ def prism_headers(call: Call) -> dict[str, str]:
     if last is not None:
         headers["x-prism-provider"] = _header_safe(last.binding.provider)
         headers["x-prism-model"] = _header_safe(last.binding.model)
+        if last.params_adjusted:
+            headers["x-prism-params-adjusted"] = _header_safe("; ".join(last.params_adjusted))
     headers["x-prism-attempts"] = str(len(call.attempts))
     if call.attempts or (call.route is not None and (call.route.skipped or call.route.notes)):
         headers["x-prism-attempt-log"] = attempt_log(call)

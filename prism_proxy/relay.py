@@ -8,20 +8,15 @@ import time
 import orjson
 from aiohttp import web
 
-from .call import Call, Outcome, Settlement, Usage
+from .call import Call, Endpoint, Outcome, Settlement, Usage
 from .dispatch import Served
 from .errors import PrismError
 from .gateway import Gateway
 from .record import prism_headers
 from .stream import StreamBroken, UpstreamStream
-from .wire.openai import (
-    DONE_EVENT,
-    completion_body,
-    completion_events,
-    error_event,
-    estimate_usage,
-    usage_from,
-)
+from .wire import anthropic as anthropic_wire
+from .wire import openai as openai_wire
+from .wire import wire_for
 
 __all__ = ["relay", "relay_degraded"]
 
@@ -46,10 +41,17 @@ async def relay(
 async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
     result = served.result
     served.response.release()
-    await gw.settle(call, Settlement("ok", 200, served.attempt, usage_from(result.json)))
+    prepared = served.prepared
+    usage = prepared.provider_wire.usage_update(None, result.json)
+    await gw.settle(call, Settlement("ok", 200, served.attempt, usage))
     headers = prism_headers(call)
-    headers["Content-Type"] = served.response.headers.get("Content-Type", "application/json")
-    return web.Response(body=result.body, status=200, headers=headers)
+    if prepared.translated:
+        body = orjson.dumps(prepared.translate_body(result.json))
+        headers["Content-Type"] = "application/json"
+    else:
+        body = result.body
+        headers["Content-Type"] = served.response.headers.get("Content-Type", "application/json")
+    return web.Response(body=body, status=200, headers=headers)
 
 
 def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
@@ -67,12 +69,13 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
 
 
 def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
-    return stream.usage or estimate_usage(call.body, stream.delivered_chars)
+    return stream.usage or wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
 
 
 async def _relay_stream(
     gw: Gateway, call: Call, served: Served, stream: UpstreamStream, request: web.Request
 ) -> web.StreamResponse:
+    client_wire = wire_for(call.endpoint)
     headers = prism_headers(call)
     headers.update(_STREAM_HEADERS)
     response = web.StreamResponse(status=200, headers=headers)
@@ -96,12 +99,15 @@ async def _relay_stream(
             await gw.settle(
                 call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
             )
-            await response.write(_late_headers(call, sent) + error_event(err))
+            await response.write(_late_headers(call, sent) + client_wire.error_event(err))
             await response.write_eof()
             return response
         served.response.release()
+        closing = stream.closing()
+        if closing:
+            await response.write(closing)
         await gw.settle(call, Settlement("ok", 200, served.attempt, _usage_so_far(call, stream)))
-        await response.write(_late_headers(call, sent) + DONE_EVENT)
+        await response.write(_late_headers(call, sent) + client_wire.done_event)
         await response.write_eof()
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
@@ -129,15 +135,20 @@ async def relay_degraded(
     call.response_headers["x-prism-outcome"] = "degraded"
     await gw.settle(call, Settlement("error", 200, None, None, "chain_deadline_exceeded"))
     headers = prism_headers(call)
-    completion_id = "chatcmpl-" + call.request_id.removeprefix("req_")
-    created = int(time.time())
+    suffix = call.request_id.removeprefix("req_")
+    if call.endpoint is Endpoint.MESSAGES:
+        whole = anthropic_wire.message_body("msg_" + suffix, call.model_name, text)
+        events = anthropic_wire.message_events("msg_" + suffix, call.model_name, text)
+    else:
+        created = int(time.time())
+        whole = openai_wire.completion_body("chatcmpl-" + suffix, call.model_name, text, created)
+        events = openai_wire.completion_events("chatcmpl-" + suffix, call.model_name, text, created)
     if not call.stream:
-        body = orjson.dumps(completion_body(completion_id, call.model_name, text, created))
         headers["Content-Type"] = "application/json"
-        return web.Response(body=body, headers=headers)
+        return web.Response(body=orjson.dumps(whole), headers=headers)
     headers.update(_STREAM_HEADERS)
     response = web.StreamResponse(headers=headers)
     await response.prepare(request)
-    await response.write(completion_events(completion_id, call.model_name, text, created))
+    await response.write(events)
     await response.write_eof()
     return response

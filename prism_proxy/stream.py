@@ -1,9 +1,10 @@
-"""Reading an upstream OpenAI-format stream: up to the commit point, then onwards.
+"""Reading an upstream stream: up to the commit point, then onwards.
 
 The commit point is the first event that carries content (text, a tool
 call, a refusal or a finish reason).  Everything before it is held back so
 that a failure there is an ordinary attempt failure; everything after it is
-forwarded as it arrives, as the upstream's own bytes.
+forwarded as it arrives: as the upstream's own bytes when the caller speaks
+the same wire format, else through a stream translator.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import aiohttp
 from .call import Usage
 from .providers import UpstreamResponse
 from .sse import SSEBuffer, event_data
-from .wire.openai import ChunkKind, chunk_kind, delta_text_length, usage_from
+from .wire import Wire
+from .wire.events import ChunkKind
+from .wire.translate_response import StreamTranslator
 
 __all__ = ["StreamBroken", "UpstreamStream"]
 
@@ -47,11 +50,22 @@ class UpstreamStream:
         "finished",
         "pending",
         "response",
+        "translator",
         "usage",
+        "wire",
     )
 
-    def __init__(self, response: UpstreamResponse, *, forward_usage: bool) -> None:
+    def __init__(
+        self,
+        response: UpstreamResponse,
+        *,
+        wire: Wire,
+        forward_usage: bool,
+        translator: StreamTranslator | None = None,
+    ) -> None:
         self.response = response
+        self.wire = wire
+        self.translator = translator
         self._chunks = response.iter_chunks().__aiter__()
         self._sse = SSEBuffer()
         self._queue: collections.deque[bytes] = collections.deque()
@@ -75,7 +89,7 @@ class UpstreamStream:
 
         Returns ``(data, broken)``: the data of the committing event (or of an
         error event sent before any content) and whether the stream broke
-        before content.  Reading errors other than a plain break propagate.
+        before content.
         """
         while True:
             try:
@@ -88,7 +102,7 @@ class UpstreamStream:
             data = event_data(event)
             if data is None:
                 continue
-            kind, payload = chunk_kind(data)
+            kind, payload = self.wire.inspect(data)
             if kind is ChunkKind.ERROR:
                 return data, False
             if kind is ChunkKind.DONE:
@@ -98,30 +112,33 @@ class UpstreamStream:
                 return data, False
 
     def _take(self, kind: ChunkKind, payload: Any, event: bytes, out: list[bytes]) -> None:
-        if kind is ChunkKind.USAGE:
-            self.usage = usage_from(payload)
-            if self._forward_usage:
-                out.append(event)
-            return
+        self.usage = self.wire.usage_update(self.usage, payload)
         if kind is ChunkKind.CONTENT:
-            self.delivered_chars += delta_text_length(payload)
-            for choice in payload["choices"]:
-                if choice.get("finish_reason"):
-                    self.finished = True
-        if payload.get("usage"):
-            self.usage = usage_from(payload)
-        out.append(event)
+            self.delivered_chars += self.wire.text_length(payload)
+            if self.wire.is_finish(payload):
+                self.finished = True
+        if self.translator is not None:
+            out.extend(self.translator.convert(kind, payload))
+        elif kind is not ChunkKind.USAGE or self._forward_usage:
+            out.append(event)
+
+    def closing(self) -> bytes:
+        """What the caller gets after the last upstream event and before the final one."""
+        if self.translator is None:
+            return b""
+        return b"".join(self.translator.finish(self.usage))
 
     async def batches(self) -> AsyncIterator[bytes]:
         """Forwardable bytes after the commit point, one batch per network read.
 
-        Ends cleanly at ``[DONE]`` (which is not yielded: the relay writes it
-        after settling) or at EOF after a finish reason; raises
-        :class:`StreamBroken` otherwise.
+        Ends cleanly at the upstream's final event (not yielded: the relay
+        writes the caller's own after settling) or at EOF after a finish
+        reason; raises :class:`StreamBroken` otherwise.
         """
         if self.pending:
             yield b"".join(self.pending)
             self.pending.clear()
+        inspect = self.wire.inspect
         while not self.done:
             try:
                 await self._fill()
@@ -139,9 +156,10 @@ class UpstreamStream:
                 event = queue.popleft()
                 data = event_data(event)
                 if data is None:
-                    out.append(event)
+                    if self.translator is None:
+                        out.append(event)
                     continue
-                kind, payload = chunk_kind(data)
+                kind, payload = inspect(data)
                 if kind is ChunkKind.DONE:
                     self.done = True
                     break

@@ -29,6 +29,7 @@ from .gateway import GATEWAY, Gateway
 from .server import Listening, listen
 
 if TYPE_CHECKING:
+    import anthropic
     import openai
     from prism_fake_upstream import FakeUpstream
 
@@ -60,6 +61,14 @@ class GatewayUnderTest:
         kwargs.setdefault("api_key", "prism-test")
         kwargs.setdefault("max_retries", 0)
         return openai.AsyncOpenAI(base_url=self.base_url, **kwargs)
+
+    def anthropic(self, **kwargs: Any) -> anthropic.AsyncAnthropic:
+        """An ``anthropic.AsyncAnthropic`` client for this gateway, with SDK retries off."""
+        import anthropic
+
+        kwargs.setdefault("api_key", "prism-test")
+        kwargs.setdefault("max_retries", 0)
+        return anthropic.AsyncAnthropic(base_url=self.listening.url, **kwargs)
 
     async def stop(self) -> None:
         await self.listening.stop()

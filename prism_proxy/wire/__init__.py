@@ -1,0 +1,68 @@
+"""Wire formats: what the core knows of each API it speaks to callers and upstreams."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ..call import Endpoint, Usage
+from ..errors import PrismError
+from . import anthropic, openai
+from .events import ChunkKind
+
+__all__ = ["ANTHROPIC", "OPENAI", "ChunkKind", "Wire", "wire_for", "wire_named"]
+
+
+@attrs.frozen
+class Wire:
+    """One wire format's stream inspection, usage accounting and error shapes."""
+
+    name: str
+    inspect: Callable[[bytes], tuple[ChunkKind, Any]]
+    usage_update: Callable[[Usage | None, Any], Usage | None]
+    text_length: Callable[[Any], int]
+    estimate_usage: Callable[[dict[str, Any], int], Usage]
+    error_body: Callable[[PrismError], bytes]
+    error_event: Callable[[PrismError], bytes]
+    #: The final event of a stream, written after the call is settled.
+    done_event: bytes
+    #: Whether a content event carries the answer's finish (stop) reason.
+    is_finish: Callable[[Any], bool]
+
+
+OPENAI = Wire(
+    name="openai",
+    inspect=openai.chunk_kind,
+    usage_update=openai.usage_update,
+    text_length=openai.delta_text_length,
+    estimate_usage=openai.estimate_usage,
+    error_body=openai.error_body,
+    error_event=openai.error_event,
+    done_event=openai.DONE_EVENT,
+    is_finish=openai.is_finish,
+)
+
+ANTHROPIC = Wire(
+    name="anthropic",
+    inspect=anthropic.event_kind,
+    usage_update=anthropic.usage_update,
+    text_length=anthropic.text_length,
+    estimate_usage=anthropic.estimate_usage,
+    error_body=anthropic.error_body,
+    error_event=anthropic.error_event,
+    done_event=anthropic.DONE_EVENT,
+    is_finish=anthropic.is_finish,
+)
+
+_WIRES = {wire.name: wire for wire in (OPENAI, ANTHROPIC)}
+
+
+def wire_named(name: str) -> Wire:
+    return _WIRES[name]
+
+
+def wire_for(endpoint: Endpoint) -> Wire:
+    """The wire format callers of ``endpoint`` speak."""
+    return ANTHROPIC if endpoint is Endpoint.MESSAGES else OPENAI

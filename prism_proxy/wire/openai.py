@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import orjson
 
 from ..call import Usage
 from ..errors import PrismError
+from .events import ChunkKind
 
 __all__ = [
     "ChunkKind",
@@ -133,14 +133,6 @@ def validate_embeddings(body: dict[str, Any]) -> str:
     return model
 
 
-class ChunkKind(enum.Enum):
-    PRELUDE = 0  # role-only or otherwise content-free chunk before the answer
-    CONTENT = 1  # carries content, a tool call, a refusal or a finish reason
-    USAGE = 2  # the trailing usage-only chunk (choices == [])
-    ERROR = 3  # an error event
-    DONE = 4  # the [DONE] sentinel
-
-
 def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     """Classify one stream event's data; returns the kind and the parsed payload."""
     if data == b"[DONE]":
@@ -209,6 +201,18 @@ def error_payload(err: PrismError) -> dict[str, Any]:
     }
     error.update(err.extra)
     return {"error": error}
+
+
+def is_finish(payload: Any) -> bool:
+    return any(choice.get("finish_reason") for choice in payload.get("choices") or ())
+
+
+def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
+    return usage_from(payload) or previous
+
+
+def error_body(err: PrismError) -> bytes:
+    return orjson.dumps(error_payload(err))
 
 
 def error_event(err: PrismError) -> bytes:

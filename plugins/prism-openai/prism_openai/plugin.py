@@ -1,10 +1,18 @@
-"""The prism_proxy entry point: registers provider kind ``openai``."""
+"""The prism_proxy entry point: registers provider kind ``openai`` and its catalog keys."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prism_proxy import ProviderFactory, hookimpl
+from prism_proxy import (
+    PARAM_RULE_KEYS,
+    Catalog,
+    CatalogKeys,
+    Config,
+    ProviderFactory,
+    check_param_rules,
+    hookimpl,
+)
 
 from .provider import OpenAIProvider
 
@@ -12,3 +20,13 @@ from .provider import OpenAIProvider
 @hookimpl
 def prism_provider_kinds() -> Mapping[str, ProviderFactory]:
     return {"openai": OpenAIProvider}
+
+
+@hookimpl
+def prism_catalog_keys() -> CatalogKeys:
+    return CatalogKeys(binding=PARAM_RULE_KEYS)
+
+
+@hookimpl
+def prism_configure(config: Config, catalog: Catalog) -> None:
+    check_param_rules(catalog, "openai")

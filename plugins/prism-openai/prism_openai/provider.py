@@ -10,7 +10,16 @@ from urllib.parse import urlencode
 
 import orjson
 
-from prism_proxy import Binding, Call, Endpoint, HttpProvider, ProviderSpec, UpstreamResponse
+from prism_proxy import (
+    Binding,
+    Call,
+    Endpoint,
+    HttpProvider,
+    ProviderSpec,
+    UpstreamResponse,
+    line_params,
+    normalise_params,
+)
 
 log = logging.getLogger("prism.openai")
 
@@ -75,20 +84,18 @@ class OpenAIProvider(HttpProvider):
             return f"{self.base_url}/deployments/{binding.model}/{path}{self.query}"
         return f"{self.base_url}/{path}{self.query}"
 
-    def body(self, call: Call, binding: Binding) -> dict[str, Any]:
-        body = dict(call.body)
+    def adjust(self, binding: Binding, body: dict[str, Any]) -> list[str]:
+        return normalise_params(body, *line_params(binding))
+
+    async def send(
+        self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]
+    ) -> UpstreamResponse:
         body["model"] = binding.model
-        if call.stream:
+        if body.get("stream"):
             # Always ask for usage so the serving attempt can be billed; the
             # relay forwards the usage chunk only to callers who asked for it.
-            options = dict(body.get("stream_options") or {})
-            options["include_usage"] = True
-            body["stream_options"] = options
-        return body
-
-    async def send(self, call: Call, binding: Binding) -> UpstreamResponse:
-        payload = orjson.dumps(self.body(call, binding))
-        return await self.post(self.url(call.endpoint, binding), self.headers, payload)
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return await self.post(self.url(endpoint, binding), self.headers, orjson.dumps(body))
 
 
 def _string_table(spec: ProviderSpec, key: str) -> dict[str, str]:

@@ -1,0 +1,268 @@
+"""The Anthropic Messages wire format: validation, stream event inspection, usage, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from ..call import Usage
+from ..errors import PrismError
+from .events import ChunkKind
+
+__all__ = [
+    "DONE_EVENT",
+    "error_body",
+    "error_event",
+    "event_kind",
+    "message_body",
+    "message_events",
+    "text_length",
+    "usage_update",
+    "validate_messages",
+]
+
+DONE_EVENT = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _bad(code: str, message: str, param: str) -> PrismError:
+    return PrismError(400, code, message, param=param)
+
+
+def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
+    """Check a Messages API request; returns (model, stream)."""
+    model = body.get("model")
+    if "model" not in body:
+        raise _bad("missing_field", "'model' is required", "model")
+    if not isinstance(model, str) or not model:
+        raise _bad("invalid_type", "'model' must be a non-empty string", "model")
+    if "max_tokens" not in body:
+        raise _bad("missing_field", "'max_tokens' is required", "max_tokens")
+    max_tokens = body["max_tokens"]
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise _bad(
+            "invalid_value", "'max_tokens' must be a whole number of at least 1", "max_tokens"
+        )
+    if "messages" not in body:
+        raise _bad("missing_field", "'messages' is required", "messages")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise _bad("invalid_type", "'messages' must be a non-empty array of messages", "messages")
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise _bad("invalid_type", f"'{where}' must be an object", where)
+        if message.get("role") not in ("user", "assistant"):
+            raise _bad(
+                "invalid_value", f"'{where}.role' must be 'user' or 'assistant'", f"{where}.role"
+            )
+        content = message.get("content")
+        if isinstance(content, list):
+            for part_index, block in enumerate(content):
+                if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                    part = f"{where}.content[{part_index}]"
+                    raise _bad(
+                        "invalid_type", f"'{part}' must be a content block with a type", part
+                    )
+        elif not isinstance(content, str):
+            raise _bad(
+                "invalid_type",
+                f"'{where}.content' must be a string or an array of content blocks",
+                f"{where}.content",
+            )
+    system = body.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise _bad("invalid_type", "'system' must be a string or an array of text blocks", "system")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("invalid_type", "'stream' must be true or false", "stream")
+    for key, types, what in (
+        ("tools", (list,), "an array"),
+        ("tool_choice", (dict,), "an object"),
+        ("metadata", (dict,), "an object"),
+        ("stop_sequences", (list,), "an array of strings"),
+        ("temperature", (int, float), "a number"),
+        ("top_p", (int, float), "a number"),
+        ("top_k", (int,), "a whole number"),
+    ):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise _bad("invalid_type", f"'{key}' must be {what}", key)
+    return model, stream
+
+
+def event_kind(data: bytes) -> tuple[ChunkKind, Any]:
+    """Classify one stream event by its data's ``type``."""
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return ChunkKind.ERROR, None
+    if not isinstance(payload, dict):
+        return ChunkKind.ERROR, payload
+    kind = payload.get("type")
+    if kind == "content_block_delta":
+        delta = payload.get("delta") or {}
+        empty = delta.get("type") == "text_delta" and not delta.get("text")
+        return (ChunkKind.PRELUDE if empty else ChunkKind.CONTENT), payload
+    if kind == "content_block_start":
+        block = payload.get("content_block") or {}
+        # A tool call's start already carries content (the tool's name).
+        return (ChunkKind.PRELUDE if block.get("type") == "text" else ChunkKind.CONTENT), payload
+    if kind == "message_delta":
+        return ChunkKind.CONTENT, payload
+    if kind == "message_stop":
+        return ChunkKind.DONE, payload
+    if kind == "error":
+        return ChunkKind.ERROR, payload
+    return ChunkKind.PRELUDE, payload
+
+
+def is_finish(payload: Any) -> bool:
+    return bool(payload.get("type") == "message_delta")
+
+
+def text_length(payload: Any) -> int:
+    if payload.get("type") != "content_block_delta":
+        return 0
+    delta = payload.get("delta") or {}
+    text = delta.get("text") or delta.get("partial_json") or delta.get("thinking") or ""
+    return len(text) if isinstance(text, str) else 0
+
+
+def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
+    """Usage from a whole message, a message_start or a message_delta, merged over ``previous``.
+
+    Prism's ``input_tokens`` counts every prompt token, cached or not, so
+    Anthropic's separate cache counts are added back in.
+    """
+    if not isinstance(payload, dict):
+        return previous
+    kind = payload.get("type")
+    if kind == "message_start":
+        usage = (payload.get("message") or {}).get("usage")
+    elif kind in ("message_delta", "message"):
+        usage = payload.get("usage")
+    else:
+        return previous
+    if not isinstance(usage, dict):
+        return previous
+    base = previous or Usage()
+    read = usage.get("cache_read_input_tokens")
+    created = usage.get("cache_creation_input_tokens")
+    fresh = usage.get("input_tokens")
+    cached = int(read) if read is not None else base.cached_input_tokens
+    creation = int(created) if created is not None else base.cache_creation_tokens
+    if fresh is not None:
+        input_tokens = int(fresh) + cached + creation
+    else:
+        input_tokens = base.input_tokens
+    output = usage.get("output_tokens")
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=int(output) if output is not None else base.output_tokens,
+        cached_input_tokens=cached,
+        cache_creation_tokens=creation,
+    )
+
+
+def error_payload(err: PrismError) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "type": _ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else err.type),
+        "message": err.message,
+        "code": err.code,
+    }
+    if err.param:
+        error["param"] = err.param
+    error.update(err.extra)
+    return {"type": "error", "error": error}
+
+
+def error_body(err: PrismError) -> bytes:
+    return orjson.dumps(error_payload(err))
+
+
+def error_event(err: PrismError) -> bytes:
+    return b"event: error\ndata: " + orjson.dumps(error_payload(err)) + b"\n\n"
+
+
+def message_body(message_id: str, model: str, text: str) -> dict[str, Any]:
+    """A whole message answered by Prism itself (the degraded answer)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return (
+        b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+    )
+
+
+def message_events(message_id: str, model: str, text: str) -> bytes:
+    """The same answer as a complete stream, ``message_stop`` included."""
+    start = message_body(message_id, model, "")
+    start["content"] = []
+    start["stop_reason"] = None
+    return b"".join(
+        [
+            sse({"type": "message_start", "message": start}),
+            sse(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                }
+            ),
+            sse(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": text},
+                }
+            ),
+            sse({"type": "content_block_stop", "index": 0}),
+            sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 0},
+                }
+            ),
+            DONE_EVENT,
+        ]
+    )
+
+
+def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
+    """Usage of a cut stream when the provider never reported it: about 4 characters a token."""
+    chars = 0
+    system = body.get("system")
+    blocks: list[Any] = [system] if isinstance(system, str) else list(system or ())
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks.extend([content] if isinstance(content, str) else list(content or ()))
+    for block in blocks:
+        if isinstance(block, str):
+            chars += len(block)
+        elif isinstance(block, dict) and isinstance(block.get("text"), str):
+            chars += len(block["text"])
+    return Usage(
+        input_tokens=-(-chars // 4), output_tokens=-(-delivered_chars // 4), estimated=True
+    )
