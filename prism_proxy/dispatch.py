@@ -21,6 +21,7 @@ everything tried.  The decisions (DESIGN.md §4):
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import attrs
@@ -36,6 +37,8 @@ from .record import attempt_record
 from .stream import UpstreamStream
 
 __all__ = ["ChainDeadline", "PassThrough", "Served", "dispatch", "exhausted"]
+
+log = logging.getLogger("prism")
 
 #: The shortest attempt worth starting: the smallest timeout a caller may ask for.
 MIN_ATTEMPT_S = 1.0
@@ -229,6 +232,12 @@ async def _attempt(
             result = UpstreamResult(attempt.status, timed_out=True, wire=provider.wire)
         except _CONNECTION_ERRORS as exc:
             attempt.error = type(exc).__name__
+            result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
+        except Exception as exc:
+            # A provider plugin's bug must not take the call down unrecorded:
+            # it counts as a failed attempt (logged loudly) and the chain goes on.
+            log.exception("provider %r failed on %s", binding.provider, call.request_id)
+            attempt.error = f"provider error: {type(exc).__name__}"
             result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
     except asyncio.CancelledError as exc:
         if response is not None:

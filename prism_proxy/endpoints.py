@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -19,6 +20,8 @@ from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
 
 __all__ = ["add_routes"]
+
+log = logging.getLogger("prism")
 
 
 def add_routes(app: web.Application) -> None:
@@ -118,6 +121,17 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         served_attempt = call.served
         await gw.settle(call, Settlement("aborted", 499, served_attempt, None, "client_closed"))
         raise
+    except Exception:
+        log.exception("unexpected failure in %s", call.request_id)
+        if call.settled:
+            raise
+        failure = PrismError(
+            500,
+            "internal_error",
+            f"Prism failed unexpectedly; the log has the details under {call.request_id}",
+            type="api_error",
+        )
+        return await _error_response(gw, call, failure)
 
 
 async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.Response:

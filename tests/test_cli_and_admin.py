@@ -160,3 +160,30 @@ async def test_a_route_can_forbid_cross_tier_fallback(prism_fake, prism_gateway)
         )
     assert info.value.response.headers["x-prism-route"] == "pinned-region"
     assert prism_fake.hits("ok") == 0
+
+
+class Crashing:
+    """A plugin with a bug in an effect hook and one in a decision hook."""
+
+    @hookimpl
+    def prism_call_start(self, call, request):
+        if call.model_name == "crash":
+            raise RuntimeError("plugin bug")
+
+
+async def test_a_plugin_bug_is_a_500_with_the_request_id_and_still_settles(
+    prism_fake, prism_gateway, catalog, recorder
+):
+    import openai
+
+    catalog["models"]["crash"] = catalog["models"]["chat-a"]
+    gw = await prism_gateway(catalog, plugins=[(Crashing(), "crashing")])
+    with pytest.raises(openai.InternalServerError) as info:
+        await gw.openai().chat.completions.create(
+            model="crash", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.code == "internal_error"
+    request_id = info.value.response.headers["x-prism-request-id"]
+    assert request_id in info.value.message
+    [settlement] = recorder.settlements_for(request_id)
+    assert settlement.outcome == "error" and settlement.status == 500
