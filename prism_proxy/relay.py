@@ -99,16 +99,15 @@ async def _relay_stream(
             await gw.settle(
                 call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
             )
-            await response.write(_late_headers(call, sent) + client_wire.error_event(err))
-            await response.write_eof()
+            await response.write_eof(_late_headers(call, sent) + client_wire.error_event(err))
             return response
         served.response.release()
         closing = stream.closing()
         if closing:
             await response.write(closing)
         await gw.settle(call, Settlement("ok", 200, served.attempt, _usage_so_far(call, stream)))
-        await response.write(_late_headers(call, sent) + client_wire.done_event)
-        await response.write_eof()
+        # The final event and the end of the chunked body leave in one write.
+        await response.write_eof(_late_headers(call, sent) + client_wire.done_event)
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
         await _abort(gw, call, served, stream)

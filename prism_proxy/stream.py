@@ -131,27 +131,17 @@ class UpstreamStream:
     async def batches(self) -> AsyncIterator[bytes]:
         """Forwardable bytes after the commit point, one batch per network read.
 
-        Ends cleanly at the upstream's final event (not yielded: the relay
-        writes the caller's own after settling) or at EOF after a finish
-        reason; raises :class:`StreamBroken` otherwise.
+        The held-back prelude goes out with whatever else has already arrived,
+        so a fast upstream costs the caller as few writes as possible.  Ends
+        cleanly at the upstream's final event (not yielded: the relay writes
+        the caller's own after settling) or at EOF after a finish reason;
+        raises :class:`StreamBroken` otherwise.
         """
-        if self.pending:
-            yield b"".join(self.pending)
-            self.pending.clear()
+        out, self.pending = self.pending, []
         inspect = self.wire.inspect
-        while not self.done:
-            try:
-                await self._fill()
-            except StopAsyncIteration:
-                if self.finished:
-                    self.done = True
-                    return
-                raise StreamBroken("upstream closed the stream before it finished") from None
-            except _READ_ERRORS as exc:
-                raise StreamBroken(f"upstream connection broke: {type(exc).__name__}") from None
-            out: list[bytes] = []
+        queue = self._queue
+        while True:
             broken: StreamBroken | None = None
-            queue = self._queue
             while queue:
                 event = queue.popleft()
                 data = event_data(event)
@@ -169,5 +159,17 @@ class UpstreamStream:
                 self._take(kind, payload, event, out)
             if out:
                 yield b"".join(out)
+                out = []
             if broken is not None:
                 raise broken
+            if self.done:
+                return
+            try:
+                await self._fill()
+            except StopAsyncIteration:
+                if self.finished:
+                    self.done = True
+                    return
+                raise StreamBroken("upstream closed the stream before it finished") from None
+            except _READ_ERRORS as exc:
+                raise StreamBroken(f"upstream connection broke: {type(exc).__name__}") from None
