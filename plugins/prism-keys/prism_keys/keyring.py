@@ -1,0 +1,133 @@
+"""The gateway's in-memory copy of the active keys, refreshed in the background.
+
+Authentication is a synchronous decision hook, so it reads this snapshot and
+never touches the database.  A background task polls the database's revision
+every ``refresh_s`` and swaps in a fresh snapshot when it changed: a key
+revoked with ``prism keys revoke`` stops working within one interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Mapping
+
+import attrs
+from aiohttp import web
+
+from prism_proxy import Principal
+
+from .scopes import Grants
+from .store import KeyStore, LoadedKey
+from .tokens import hash_matches, key_id_of
+
+__all__ = ["ActiveKey", "KeyRing", "Snapshot"]
+
+log = logging.getLogger("prism.keys")
+
+
+@attrs.frozen
+class ActiveKey:
+    """One usable key: its hash, the principal it stands for and what it may use."""
+
+    hash: str = attrs.field(repr=False)
+    principal: Principal
+    grants: Grants
+
+    @classmethod
+    def from_loaded(cls, row: LoadedKey) -> ActiveKey:
+        principal = Principal(
+            key_id=row.key_id,
+            org=row.org,
+            org_tags=frozenset(row.org_tags),
+            scopes=frozenset(row.scopes),
+        )
+        return cls(hash=row.hash, principal=principal, grants=Grants.from_scopes(row.scopes))
+
+
+@attrs.frozen
+class Snapshot:
+    revision: int
+    keys: Mapping[str, ActiveKey]
+
+
+_EMPTY = Snapshot(revision=-1, keys={})
+
+
+@attrs.define(eq=False)
+class KeyRing:
+    store: KeyStore
+    refresh_s: float
+    #: Replaced whole on refresh, never mutated: readers need no lock.
+    snapshot: Snapshot = _EMPTY
+    _refreshed: asyncio.Event | None = attrs.field(default=None, init=False)
+
+    def verify(self, presented: str | None) -> ActiveKey | None:
+        """The active key ``presented`` is, or None (missing, malformed, unknown, revoked)."""
+        if not presented:
+            return None
+        key_id = key_id_of(presented)
+        found = self.snapshot.keys.get(key_id) if key_id is not None else None
+        # Hash and compare even for an unknown id, so timing does not tell which it was.
+        matches = hash_matches(presented, found.hash if found is not None else None)
+        return found if matches and found is not None else None
+
+    async def refresh(self) -> bool:
+        """Reload when the database's revision moved; True when the snapshot changed."""
+        revision = await asyncio.to_thread(self.store.revision)
+        if revision == self.snapshot.revision:
+            return False
+        revision, rows = await asyncio.to_thread(self.store.load_active)
+        keys = {row.key_id: ActiveKey.from_loaded(row) for row in rows}
+        orgs = len({row.org for row in rows})
+        self.snapshot = Snapshot(revision=revision, keys=keys)
+        log.info(
+            "keys: %d active keys in %d organisations (revision %d)", len(keys), orgs, revision
+        )
+        return True
+
+    async def next_refresh(self) -> None:
+        """Wait for the background task to finish its next poll (tests, diagnostics)."""
+        if self._refreshed is None:
+            raise RuntimeError("the key refresh task is not running")
+        await self._refreshed.wait()
+
+    async def run(self, app: web.Application) -> AsyncIterator[None]:
+        """``cleanup_ctx``: load before serving (a failure stops start-up), then poll."""
+        await asyncio.to_thread(self.store.ensure_schema)
+        await self.refresh()
+        if not self.snapshot.keys:
+            log.warning(
+                "keys: no active API keys in %s: every call gets 401 until you run "
+                "`prism keys create`",
+                self.store.path,
+            )
+        self._refreshed = asyncio.Event()
+        task = asyncio.create_task(self._poll(), name="prism-keys-refresh")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._refreshed = None
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            try:
+                await self.refresh()
+            except (sqlite3.Error, OSError) as exc:
+                # Keep serving with the last good snapshot; a broken database must
+                # not take the gateway down, but the operator has to hear about it.
+                log.error(
+                    "keys: cannot re-read %s (%s); still using revision %d",
+                    self.store.path,
+                    exc,
+                    self.snapshot.revision,
+                )
+            event, self._refreshed = self._refreshed, asyncio.Event()
+            if event is not None:
+                event.set()
