@@ -1,4 +1,4 @@
-"""A fake OpenAI-compatible model provider for tests, benchmarks and demos."""
+"""A fake OpenAI- and Anthropic-compatible model provider for tests, benchmarks and demos."""
 
 from .faults import Fault
 from .recording import Recorded

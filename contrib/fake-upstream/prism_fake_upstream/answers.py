@@ -1,12 +1,27 @@
-"""Wire-format-neutral answer synthesis: default text, token split, rough counts."""
+"""Wire-format-neutral answer synthesis: default text, token split, rough counts,
+and the deterministic tool calls both wire formats make."""
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["count_message_words", "count_words", "default_answer", "split_tokens"]
+__all__ = [
+    "TOOL_STRING_VALUE",
+    "content_text",
+    "count_message_words",
+    "count_words",
+    "default_answer",
+    "split_tokens",
+    "tool_arguments",
+    "tool_arguments_json",
+    "tool_result_answer",
+]
+
+# What every required string parameter of a called tool is filled with.
+TOOL_STRING_VALUE = "Paris"
 
 # Leading whitespace stays with the following word (" world"), the way BPE
 # tokens look, so joining the pieces reproduces the text exactly.
@@ -54,3 +69,67 @@ def count_message_words(messages: Iterable[Any]) -> int:
             for text in _content_text(message.get("content")):
                 total += count_words(text)
     return total
+
+
+def content_text(content: Any) -> str:
+    """The text of a message content (a string or a list of text parts)."""
+    return " ".join(_content_text(content))
+
+
+def tool_result_answer(results: Sequence[str]) -> str:
+    """The answer to a conversation that ends with tool results."""
+    return "The tool said: " + " ".join(results)
+
+
+def _argument_value(schema: Any) -> Any:
+    if not isinstance(schema, Mapping):
+        return TOOL_STRING_VALUE
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind in ("integer", "number"):
+        return 1
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return []
+    if kind == "object":
+        return tool_arguments(schema)
+    if kind == "null":
+        return None
+    return TOOL_STRING_VALUE
+
+
+def tool_arguments(schema: Any) -> dict[str, Any]:
+    """Deterministic arguments for a tool with JSON schema ``schema``.
+
+    Every *required* property is filled: the first ``enum`` value if there is
+    one, else by type: string "Paris", integer/number 1, boolean true, array
+    [], object recursively the same way, null null. Optional properties are
+    left out.
+    """
+    if not isinstance(schema, Mapping):
+        return {}
+    properties = schema.get("properties")
+    required = schema.get("required")
+    if not isinstance(required, list):
+        return {}
+    if not isinstance(properties, Mapping):
+        properties = {}
+    return {
+        name: _argument_value(properties.get(name)) for name in required if isinstance(name, str)
+    }
+
+
+def tool_arguments_json(arguments: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """The arguments as JSON text and the fragments it is streamed in.
+
+    The text keeps json.dumps' spaces so split_tokens cuts it into several
+    fragments (``{"location":`` + `` "Paris"}``), like a model emitting it
+    token by token; the fragments join back to the text exactly.
+    """
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text, split_tokens(text)

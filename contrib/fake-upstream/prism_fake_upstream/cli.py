@@ -28,9 +28,10 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="prism-fake-upstream",
-        description="Fake OpenAI-compatible provider; base URLs are "
-        "http://HOST:PORT/s/{scenario}/v1 (scenarios: ok, errNNN, stall, "
-        "slowfirst, dieK, empty, slow, or any other name for a healthy one).",
+        description="Fake OpenAI- and Anthropic-compatible provider; base URLs are "
+        "http://HOST:PORT/s/{scenario}/v1 for OpenAI clients and "
+        "http://HOST:PORT/s/{scenario} for Anthropic clients (scenarios: ok, errNNN, "
+        "stall, slowfirst, dieK, empty, slow, or any other name for a healthy one).",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=18900)

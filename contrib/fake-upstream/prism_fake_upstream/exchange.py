@@ -1,6 +1,6 @@
 """The per-request context a wire format works with, and the wire-format shape.
 
-A wire format (OpenAI today, Anthropic later) only turns a request plus its
+A wire format (openai_wire, anthropic_wire) only turns a request plus its
 Fault into bytes; the scenario lookup, recording, stalls, status overrides and
 drop counting are shared and live in server.py.
 """

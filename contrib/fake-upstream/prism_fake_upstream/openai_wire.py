@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -13,7 +13,16 @@ import attrs
 import orjson
 from aiohttp import web
 
-from .answers import count_message_words, count_words, default_answer, split_tokens
+from .answers import (
+    content_text,
+    count_message_words,
+    count_words,
+    default_answer,
+    split_tokens,
+    tool_arguments,
+    tool_arguments_json,
+    tool_result_answer,
+)
 from .exchange import Exchange, Route, WireFormat
 from .vectors import embedding_for_text, embedding_for_tokens, unpack_floats
 
@@ -182,6 +191,29 @@ class _ChunkFrames:
             + self.tail
         )
 
+    def tool_call(self, call_id: str, name: str) -> bytes:
+        # The first chunk of a tool call carries the role, the call's id, type
+        # and name, and empty arguments; the arguments follow in pieces.
+        return (
+            self.head
+            + b'{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,'
+            + b'"id":'
+            + orjson.dumps(call_id)
+            + b',"type":"function","function":{"name":'
+            + orjson.dumps(name)
+            + b',"arguments":""}}],"refusal":null},"logprobs":null,"finish_reason":null}'
+            + self.tail
+        )
+
+    def arguments(self, fragment: str) -> bytes:
+        return (
+            self.head
+            + b'{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":'
+            + orjson.dumps(fragment)
+            + b'}}]},"logprobs":null,"finish_reason":null}'
+            + self.tail
+        )
+
     def finish(self, reason: str) -> bytes:
         return (
             self.head
@@ -201,20 +233,71 @@ def _stream_error_event(error: Mapping[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+@attrs.frozen
+class _ToolCall:
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+    fragments: list[str]  # how the arguments are streamed; they join to ``arguments``
+
+    def message_entry(self) -> dict[str, Any]:
+        return {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def _final_tool_results(messages: Sequence[Any]) -> list[str]:
+    """Contents of the tool messages the conversation ends with, in order."""
+    results: list[str] = []
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "tool":
+            break
+        results.append(content_text(message.get("content")))
+    results.reverse()
+    return results
+
+
+def _tool_call(body: Mapping[str, Any]) -> _ToolCall | None:
+    """The call a request with ``tools`` gets, or None (no tools, tool_choice "none")."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return None
+    choice = body.get("tool_choice")
+    if choice == "none":
+        return None
+    named: Any = None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if isinstance(function, dict):
+            named = function.get("name")
+    candidates: list[Mapping[str, Any]] = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            candidates.append(function)
+    if not candidates:
+        return None
+    chosen = next((f for f in candidates if f["name"] == named), candidates[0])
+    arguments, fragments = tool_arguments_json(tool_arguments(chosen.get("parameters")))
+    return _ToolCall("call_" + os.urandom(12).hex(), chosen["name"], arguments, fragments)
+
+
 async def _stream_chat(
     ex: Exchange,
-    completion_id: str,
-    created: int,
-    model: str,
+    frames: _ChunkFrames,
+    opening: bytes,
+    chunk: Callable[[str], bytes],
     tokens: Sequence[str],
     finish_reason: str,
     usage: Mapping[str, Any],
     include_usage: bool,
 ) -> web.StreamResponse:
+    """Stream ``opening``, then ``chunk(t)`` for each token, then the finish."""
     fault = ex.fault
     resp = web.StreamResponse(headers=ex.response_headers(_SSE_HEADERS))
     await resp.prepare(ex.request)
-    frames = _ChunkFrames.for_request(completion_id, created, model, include_usage)
 
     # Events are batched between delays: with no delay configured the whole
     # body goes out in one write, which is what keeps the benchmark path
@@ -231,7 +314,7 @@ async def _stream_chat(
     # Headers are out; nothing else is until the first token is "ready", so a
     # time-to-first-token timeout in the client sees an idle body.
     await ex.pause(fault.first_token_delay_s)
-    pending.append(frames.role())
+    pending.append(opening)
 
     cut = fault.die_after_chunks
     if cut is None and fault.stream_error is not None:
@@ -241,7 +324,7 @@ async def _stream_chat(
         if i and fault.token_delay_s:
             await flush()
             await ex.pause(fault.token_delay_s)
-        pending.append(frames.content(token))
+        pending.append(chunk(token))
 
     if fault.stream_error is not None:
         pending.append(_stream_error_event(fault.stream_error))
@@ -275,17 +358,31 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
     if fault.die_after_chunks is not None and not stream:
         return ex.hang_up()
 
+    call: _ToolCall | None = None
     if fault.empty_length:
         tokens: list[str] = []
         finish_reason = "length"
     else:
-        text = fault.text if fault.text is not None else default_answer(model)
-        tokens = split_tokens(text)
-        finish_reason = "stop"
-        limit = _int_field(body, "max_completion_tokens") or _int_field(body, "max_tokens")
-        if limit is not None and 0 < limit < len(tokens):
-            tokens = tokens[:limit]
-            finish_reason = "length"
+        # See the README's "Tool calls" rule: a final tool message is answered
+        # with text, otherwise ``tools`` get a call of the first (or the
+        # named) tool unless tool_choice is "none".
+        text = fault.text
+        if text is None:
+            last = messages[-1]
+            if isinstance(last, dict) and last.get("role") == "tool":
+                text = tool_result_answer(_final_tool_results(messages))
+            elif "tools" in body:
+                call = _tool_call(body)
+        if call is not None:
+            tokens = call.fragments
+            finish_reason = "tool_calls"
+        else:
+            tokens = split_tokens(text if text is not None else default_answer(model))
+            finish_reason = "stop"
+            limit = _int_field(body, "max_completion_tokens") or _int_field(body, "max_tokens")
+            if limit is not None and 0 < limit < len(tokens):
+                tokens = tokens[:limit]
+                finish_reason = "length"
 
     usage = _usage(count_message_words(messages), len(tokens))
     completion_id = "chatcmpl-" + os.urandom(12).hex()
@@ -294,8 +391,14 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
     if stream:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        frames = _ChunkFrames.for_request(completion_id, created, model, include_usage)
+        chunk: Callable[[str], bytes]
+        if call is not None:
+            opening, chunk = frames.tool_call(call.call_id, call.name), frames.arguments
+        else:
+            opening, chunk = frames.role(), frames.content
         return await _stream_chat(
-            ex, completion_id, created, model, tokens, finish_reason, usage, include_usage
+            ex, frames, opening, chunk, tokens, finish_reason, usage, include_usage
         )
 
     # A real upstream takes as long to answer as it takes to generate.
@@ -310,12 +413,7 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
             "choices": [
                 {
                     "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": "".join(tokens),
-                        "refusal": None,
-                        "annotations": [],
-                    },
+                    "message": _message(tokens, call),
                     "logprobs": None,
                     "finish_reason": finish_reason,
                 }
@@ -325,6 +423,23 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
             "system_fingerprint": SYSTEM_FINGERPRINT,
         },
     )
+
+
+def _message(tokens: Sequence[str], call: _ToolCall | None) -> dict[str, Any]:
+    if call is not None:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call.message_entry()],
+            "refusal": None,
+            "annotations": [],
+        }
+    return {
+        "role": "assistant",
+        "content": "".join(tokens),
+        "refusal": None,
+        "annotations": [],
+    }
 
 
 def _embedding_inputs(raw: Any) -> list[str | list[int]] | None:

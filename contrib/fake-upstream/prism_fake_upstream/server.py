@@ -12,6 +12,7 @@ from urllib.parse import quote
 import orjson
 from aiohttp import web
 
+from .anthropic_wire import anthropic_wire
 from .control import add_control_routes
 from .exchange import ClientGone, Exchange, Route, WireFormat
 from .faults import Fault
@@ -102,8 +103,13 @@ def _unknown_endpoint(wire: WireFormat) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         # Recorded (a client calling a wrong path is worth seeing in a test)
         # but no Fault is consumed: the script is for real endpoints.
-        await _admit(request, request.match_info["scenario"], request.match_info["tail"])
-        return wire.error_response(404, f"Invalid URL ({request.method} {request.path})", {})
+        tail = request.match_info["tail"]
+        await _admit(request, request.match_info["scenario"], tail)
+        message = f"Invalid URL ({request.method} {request.path})"
+        if tail.startswith("v1/"):
+            # The Anthropic SDK appends /v1/messages to its base_url itself.
+            message += "; an Anthropic client's base_url ends at /s/{scenario}, without /v1"
+        return wire.error_response(404, message, {})
 
     return handle
 
@@ -150,7 +156,7 @@ class FakeUpstream:
 
     def __init__(self, *, models: Sequence[str] = DEFAULT_MODELS) -> None:
         self._registry = Registry()
-        self._app = build_app(self._registry, [openai_wire(models)])
+        self._app = build_app(self._registry, [openai_wire(models), anthropic_wire()])
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
 
@@ -202,7 +208,12 @@ class FakeUpstream:
         return self._url
 
     def base_url(self, scenario: str) -> str:
+        """The base_url of an OpenAI client for ``scenario`` (ends with /v1)."""
         return f"{self.url}/s/{quote(scenario, safe='')}/v1"
+
+    def anthropic_base_url(self, scenario: str) -> str:
+        """The base_url of an Anthropic client: no /v1, the SDK adds /v1/messages."""
+        return f"{self.url}/s/{quote(scenario, safe='')}"
 
     def script(self, scenario: str, faults: Iterable[Fault]) -> None:
         """Answer the next requests of ``scenario`` with ``faults``, in order."""

@@ -10,12 +10,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import anthropic
 import openai
 import orjson
 import pytest
 from aiohttp import web
-from openai.types.chat import ChatCompletionMessageParam
+from anthropic.types import Message, MessageParam, ToolParam
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 from prism_fake_upstream import FakeUpstream, Fault, Recorded
+from prism_fake_upstream.answers import tool_arguments
 from prism_fake_upstream.faults import fault_for_scenario_name, fault_from_json
 from prism_fake_upstream.recording import MAX_RECORDED, ScenarioLog
 
@@ -592,3 +595,604 @@ async def test_stop_does_not_wait_for_stalled_clients() -> None:
         assert time.monotonic() - start < 2
         with pytest.raises(aiohttp.ClientError):
             await request
+
+
+# --- OpenAI tool calls ------------------------------------------------------
+
+WEATHER_FUNCTION: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["location"],
+        },
+    },
+}
+OTHER_FUNCTION: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+TOOL_INPUT = {"location": "Paris"}
+
+
+async def test_openai_tool_call(fake: FakeUpstream) -> None:
+    async with sdk(fake, "ok") as client:
+        completion = await client.chat.completions.create(
+            model="m1", messages=MESSAGES, tools=[WEATHER_FUNCTION, OTHER_FUNCTION]
+        )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1
+    call = calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    assert orjson.loads(call.function.arguments) == TOOL_INPUT
+    assert completion.usage is not None and completion.usage.completion_tokens == 2
+
+
+async def test_openai_tool_call_stream(fake: FakeUpstream) -> None:
+    async with sdk(fake, "ok") as client:
+        stream = await client.chat.completions.create(
+            model="m1",
+            messages=MESSAGES,
+            tools=[WEATHER_FUNCTION, OTHER_FUNCTION],
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+            stream=True,
+        )
+        chunks = [c async for c in stream]
+        stream = await client.chat.completions.create(
+            model="m1", messages=MESSAGES, tools=[WEATHER_FUNCTION], stream=True
+        )
+        weather = [c async for c in stream]
+
+    # The named tool is called; it has no required parameters.
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.tool_calls is not None
+    assert first.tool_calls[0].function is not None
+    assert first.tool_calls[0].function.name == "get_time"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    head = weather[0].choices[0].delta.tool_calls
+    assert head is not None and head[0].index == 0
+    assert head[0].id is not None and head[0].id.startswith("call_")
+    assert head[0].type == "function"
+    assert head[0].function is not None
+    assert (head[0].function.name, head[0].function.arguments) == ("get_weather", "")
+    fragments = []
+    for chunk in weather[1:-1]:
+        delta = chunk.choices[0].delta
+        assert delta.role is None and delta.content is None and delta.tool_calls is not None
+        (part,) = delta.tool_calls
+        assert part.index == 0 and part.id is None and part.function is not None
+        assert part.function.name is None
+        fragments.append(part.function.arguments or "")
+    assert len(fragments) > 1
+    assert orjson.loads("".join(fragments)) == TOOL_INPUT
+    assert weather[-1].choices[0].finish_reason == "tool_calls"
+    assert weather[-1].choices[0].delta.tool_calls is None
+
+
+async def test_openai_tool_round_trip_and_tool_choice_none(fake: FakeUpstream) -> None:
+    async with sdk(fake, "ok") as client:
+        first = await client.chat.completions.create(
+            model="m1", messages=MESSAGES, tools=[WEATHER_FUNCTION]
+        )
+        calls = first.choices[0].message.tool_calls
+        assert calls is not None
+        call = calls[0]
+        assert call.type == "function"
+        history: list[ChatCompletionMessageParam] = [
+            *MESSAGES,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": call.function.arguments,
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+        ]
+        second = await client.chat.completions.create(
+            model="m1", messages=history, tools=[WEATHER_FUNCTION]
+        )
+        declined = await client.chat.completions.create(
+            model="m1", messages=MESSAGES, tools=[WEATHER_FUNCTION], tool_choice="none"
+        )
+    assert second.choices[0].message.content == "The tool said: 18 degrees and sunny"
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.tool_calls is None
+    assert declined.choices[0].message.content == DEFAULT_TEXT
+
+
+def test_tool_arguments_rule() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "detailed": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "where": {
+                "type": "object",
+                "properties": {"lat": {"type": "number"}, "note": {"type": "string"}},
+                "required": ["lat"],
+            },
+            "maybe": {"type": ["null", "string"]},
+            "optional": {"type": "string"},
+        },
+        "required": ["city", "days", "unit", "detailed", "tags", "where", "maybe"],
+    }
+    assert tool_arguments(schema) == {
+        "city": "Paris",
+        "days": 1,
+        "unit": "celsius",
+        "detailed": True,
+        "tags": [],
+        "where": {"lat": 1},
+        "maybe": "Paris",
+    }
+    assert tool_arguments({"type": "object", "properties": {"a": {}}}) == {}
+    assert tool_arguments(None) == {}
+
+
+# --- Anthropic Messages -----------------------------------------------------
+
+A_MESSAGES: list[MessageParam] = [{"role": "user", "content": "say something nice"}]
+A_BODY: dict[str, Any] = {"model": "m1", "max_tokens": 100, "messages": A_MESSAGES}
+WEATHER_TOOL: ToolParam = {
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"location": {"type": "string"}, "unit": {"type": "string"}},
+        "required": ["location"],
+    },
+}
+TIME_TOOL: ToolParam = {"name": "get_time", "input_schema": {"type": "object"}}
+
+
+def claude(fake: FakeUpstream, scenario: str) -> anthropic.AsyncAnthropic:
+    # The SDK appends /v1/messages itself: base_url stops at /s/{scenario}.
+    return anthropic.AsyncAnthropic(
+        base_url=fake.anthropic_base_url(scenario), api_key="x", max_retries=0
+    )
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, data) of every Anthropic SSE event; checks each is well formed."""
+    raw = await resp.read()
+    assert raw.endswith(b"\n\n")
+    events = []
+    for block in raw[:-2].split(b"\n\n"):
+        name_line, data_line = block.split(b"\n")
+        name = name_line.removeprefix(b"event: ").decode()
+        data = orjson.loads(data_line.removeprefix(b"data: "))
+        assert data["type"] == name
+        events.append((name, data))
+    return events
+
+
+async def test_anthropic_sdk_message(fake: FakeUpstream) -> None:
+    assert fake.anthropic_base_url("ok") == fake.url + "/s/ok"
+    async with claude(fake, "ok") as client:
+        message = await client.messages.create(
+            model="m1",
+            max_tokens=100,
+            system="be kind",
+            messages=A_MESSAGES,
+            stop_sequences=["END"],
+            metadata={"user_id": "u1"},
+            # Not a keyword of this SDK version; the fake accepts and records it.
+            extra_body={"temperature": 0.5},
+        )
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_")
+    assert message.model == "m1"
+    assert len(message.content) == 1
+    block = message.content[0]
+    assert block.type == "text" and block.text == DEFAULT_TEXT
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None
+    assert message.usage.input_tokens == 5  # "be kind" + "say something nice"
+    assert message.usage.output_tokens == len(DEFAULT_TEXT.split())
+    assert message.usage.cache_creation_input_tokens == 0
+    assert message.usage.cache_read_input_tokens == 0
+
+    (rec,) = fake.requests("ok")
+    assert rec.path == "messages" and rec.method == "POST"
+    assert rec.body["system"] == "be kind" and rec.body["max_tokens"] == 100
+    assert rec.body["temperature"] == 0.5 and rec.body["metadata"] == {"user_id": "u1"}
+    # anthropic 2.x sends api_key as a Bearer token; older SDKs and curl
+    # examples use x-api-key (recorded too, see the raw test below).
+    assert rec.headers.get("x-api-key") == "x" or rec.headers["authorization"] == "Bearer x"
+    assert rec.headers["anthropic-version"]
+    assert fake.hits("ok", "messages") == 1
+
+
+async def test_anthropic_raw_message_shape(fake: FakeUpstream, http: aiohttp.ClientSession) -> None:
+    body = {**A_BODY, "system": [{"type": "text", "text": "be kind"}]}
+    headers = {"x-api-key": "sk-ant-x", "anthropic-version": "2023-06-01"}
+    async with http.post(fake.url + "/s/ok/v1/messages", json=body, headers=headers) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "application/json"
+        assert resp.headers["request-id"].startswith("req_")
+        data = await resp.json()
+    assert data == {
+        "id": data["id"],
+        "type": "message",
+        "role": "assistant",
+        "model": "m1",
+        "content": [{"type": "text", "text": DEFAULT_TEXT}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 5,
+            "output_tokens": len(DEFAULT_TEXT.split()),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+    (rec,) = fake.requests("ok")
+    assert rec.headers["x-api-key"] == "sk-ant-x"
+    assert rec.headers["anthropic-version"] == "2023-06-01"
+
+    # Neither header is required.
+    async with http.post(fake.url + "/s/ok/v1/messages", json=A_BODY) as resp:
+        assert resp.status == 200
+
+
+async def test_anthropic_sdk_stream(fake: FakeUpstream) -> None:
+    text = "  Spaces  are\tkept exactly, even trailing ones.  "
+    fake.script("ok", [Fault(text=text)])
+    async with (
+        claude(fake, "ok") as client,
+        client.messages.stream(model="m1", max_tokens=100, messages=A_MESSAGES) as stream,
+    ):
+        pieces = [t async for t in stream.text_stream]
+        final = await stream.get_final_message()
+    assert "".join(pieces) == text
+    assert len(pieces) == len(text.split())
+    assert final.content[0].type == "text" and final.content[0].text == text
+    assert final.stop_reason == "end_turn"
+    assert final.usage.input_tokens == 3
+    assert final.usage.output_tokens == len(text.split())
+
+
+async def test_anthropic_raw_stream_wire_format(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    body = {**A_BODY, "stream": True}
+    async with http.post(fake.url + "/s/ok/v1/messages", json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = await read_sse(resp)
+    words = len(DEFAULT_TEXT.split())
+    names = [name for name, _ in events]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        *["content_block_delta"] * words,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    start = events[0][1]["message"]
+    assert start["id"].startswith("msg_") and start["model"] == "m1"
+    assert (start["content"], start["stop_reason"], start["stop_sequence"]) == ([], None, None)
+    assert start["usage"] == {
+        "input_tokens": 3,
+        "output_tokens": 1,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    assert events[1][1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    deltas = [data for name, data in events if name == "content_block_delta"]
+    assert all(d["index"] == 0 and d["delta"]["type"] == "text_delta" for d in deltas)
+    assert "".join(d["delta"]["text"] for d in deltas) == DEFAULT_TEXT
+    assert events[-3][1] == {"type": "content_block_stop", "index": 0}
+    assert events[-2][1] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": words},
+    }
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_tool_use(fake: FakeUpstream, stream: bool) -> None:
+    message: Message
+    async with claude(fake, "ok") as client:
+        if stream:
+            async with client.messages.stream(
+                model="m1", max_tokens=100, messages=A_MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL]
+            ) as s:
+                events = [e async for e in s]
+                message = await s.get_final_message()
+            json_parts = [
+                e.delta.partial_json
+                for e in events
+                if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+            ]
+            assert len(json_parts) > 1
+            assert orjson.loads("".join(json_parts)) == TOOL_INPUT
+        else:
+            message = await client.messages.create(
+                model="m1", max_tokens=100, messages=A_MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL]
+            )
+    assert message.stop_reason == "tool_use"
+    (block,) = message.content
+    assert block.type == "tool_use"
+    assert block.id.startswith("toolu_") and block.name == "get_weather"
+    assert block.input == TOOL_INPUT
+    assert message.usage.output_tokens == 2
+
+
+async def test_anthropic_raw_tool_stream(fake: FakeUpstream, http: aiohttp.ClientSession) -> None:
+    body = {
+        **A_BODY,
+        "stream": True,
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+        "tool_choice": {"type": "tool", "name": "get_time"},
+    }
+    async with http.post(fake.url + "/s/ok/v1/messages", json=body) as resp:
+        events = await read_sse(resp)
+    block = events[1][1]["content_block"]
+    assert block == {"type": "tool_use", "id": block["id"], "name": "get_time", "input": {}}
+    assert events[3][1]["delta"] == {"type": "input_json_delta", "partial_json": "{}"}
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+async def test_anthropic_tool_round_trip_and_tool_choice_none(fake: FakeUpstream) -> None:
+    async with claude(fake, "ok") as client:
+        first = await client.messages.create(
+            model="m1", max_tokens=100, messages=A_MESSAGES, tools=[WEATHER_TOOL]
+        )
+        block = first.content[0]
+        assert block.type == "tool_use"
+        history: list[MessageParam] = [
+            *A_MESSAGES,
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": block.id,
+                        "content": [{"type": "text", "text": "18 degrees and sunny"}],
+                    }
+                ],
+            },
+        ]
+        second = await client.messages.create(
+            model="m1", max_tokens=100, messages=history, tools=[WEATHER_TOOL]
+        )
+        declined = await client.messages.create(
+            model="m1",
+            max_tokens=100,
+            messages=A_MESSAGES,
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "none"},
+        )
+    assert second.stop_reason == "end_turn"
+    assert [b.type for b in second.content] == ["text"]
+    assert second.content[0].type == "text"
+    assert second.content[0].text == "The tool said: 18 degrees and sunny"
+    assert second.usage.input_tokens == 3 + 4  # the tool result's words count too
+    assert declined.stop_reason == "end_turn"
+    assert declined.content[0].type == "text" and declined.content[0].text == DEFAULT_TEXT
+
+
+@pytest.mark.parametrize(
+    ("scenario", "exc", "err_type"),
+    [
+        ("err400", anthropic.BadRequestError, "invalid_request_error"),
+        ("err401", anthropic.AuthenticationError, "authentication_error"),
+        ("err403", anthropic.PermissionDeniedError, "permission_error"),
+        ("err404", anthropic.NotFoundError, "not_found_error"),
+        ("err413", anthropic.APIStatusError, "request_too_large"),
+        ("err429", anthropic.RateLimitError, "rate_limit_error"),
+        ("err500", anthropic.InternalServerError, "api_error"),
+        ("err529", anthropic.InternalServerError, "overloaded_error"),
+    ],
+)
+async def test_anthropic_error_scenarios(
+    fake: FakeUpstream, scenario: str, exc: type[anthropic.APIStatusError], err_type: str
+) -> None:
+    async with claude(fake, scenario) as client:
+        with pytest.raises(exc) as info:
+            await client.messages.create(model="m1", max_tokens=10, messages=A_MESSAGES)
+    assert info.value.status_code == int(scenario.removeprefix("err"))
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["type"] == "error" and body["error"]["type"] == err_type
+    assert isinstance(body["error"]["message"], str)
+    assert body["request_id"].startswith("req_")
+    assert info.value.request_id == body["request_id"]
+
+
+async def test_anthropic_err529_stream_and_retry_after(fake: FakeUpstream) -> None:
+    fake.script("zeta", [Fault(status=429, headers={"Retry-After": "7"})])
+    async with claude(fake, "err529") as client:
+        with pytest.raises(anthropic.InternalServerError) as info:
+            async with client.messages.stream(model="m1", max_tokens=10, messages=A_MESSAGES):
+                pass
+    assert info.value.status_code == 529
+    assert info.value.message.startswith("Error code: 529")
+    async with claude(fake, "zeta") as client:
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            await client.messages.create(model="m1", max_tokens=10, messages=A_MESSAGES)
+    assert limited.value.response.headers["retry-after"] == "7"
+    assert isinstance(limited.value.body, dict)
+    assert limited.value.body["error"]["type"] == "rate_limit_error"
+
+
+async def test_anthropic_die2_breaks_the_stream(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    pieces: list[str] = []
+    async with claude(fake, "die2") as client:
+        with pytest.raises(Exception) as info:  # the transport's own error type
+            async with client.messages.stream(
+                model="m1", max_tokens=100, messages=A_MESSAGES
+            ) as stream:
+                async for text in stream.text_stream:
+                    pieces.append(text)
+        assert not isinstance(info.value, anthropic.APIStatusError)
+        with pytest.raises(anthropic.APIConnectionError):
+            await client.messages.create(model="m1", max_tokens=100, messages=A_MESSAGES)
+    assert pieces == ["Hello", " from"]
+
+    lines: list[bytes] = []
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with http.post(
+            fake.url + "/s/die2/v1/messages", json={**A_BODY, "stream": True}
+        ) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                lines.append(line)
+    names = [line.removeprefix(b"event: ").strip() for line in lines if line.startswith(b"event")]
+    assert (
+        names == [b"message_start", b"content_block_start", b"ping"] + [b"content_block_delta"] * 2
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_empty_is_max_tokens_without_content(
+    fake: FakeUpstream, stream: bool
+) -> None:
+    message: Message
+    async with claude(fake, "empty") as client:
+        if stream:
+            async with client.messages.stream(model="m1", max_tokens=100, messages=A_MESSAGES) as s:
+                events = [e.type async for e in s]
+                message = await s.get_final_message()
+            assert "content_block_start" not in events
+        else:
+            message = await client.messages.create(model="m1", max_tokens=100, messages=A_MESSAGES)
+    assert message.stop_reason == "max_tokens"
+    assert message.content == []
+    assert message.usage.output_tokens == 0
+
+
+async def test_anthropic_max_tokens_truncates(fake: FakeUpstream) -> None:
+    async with claude(fake, "ok") as client:
+        message = await client.messages.create(model="m1", max_tokens=2, messages=A_MESSAGES)
+        async with client.messages.stream(model="m1", max_tokens=3, messages=A_MESSAGES) as s:
+            streamed = await s.get_final_text()
+            final = await s.get_final_message()
+    assert message.content[0].type == "text" and message.content[0].text == "Hello from"
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 2
+    assert streamed == "Hello from m1."
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model": "m1", "messages": A_MESSAGES}, "max_tokens: Field required"),
+        ({"max_tokens": 5, "messages": A_MESSAGES}, "model: Field required"),
+        ({"model": "m1", "max_tokens": 5}, "messages: Field required"),
+        ({"model": "m1", "max_tokens": 0, "messages": A_MESSAGES}, "max_tokens: Input should"),
+        ({"model": "m1", "max_tokens": 5, "messages": []}, "messages: at least one"),
+    ],
+)
+async def test_anthropic_bad_requests(
+    fake: FakeUpstream, http: aiohttp.ClientSession, body: dict[str, Any], message: str
+) -> None:
+    async with http.post(fake.url + "/s/ok/v1/messages", json=body) as resp:
+        assert resp.status == 400
+        data = await resp.json()
+    assert data["type"] == "error"
+    assert data["error"]["type"] == "invalid_request_error"
+    assert data["error"]["message"].startswith(message)
+    assert fake.hits("ok", "messages") == 1  # bad requests are recorded too
+
+
+async def test_anthropic_stream_error_event(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    custom = {"type": "api_error", "message": "boom"}
+    fake.script("eta", [Fault(stream_error={}), Fault(die_after_chunks=1, stream_error=custom)])
+    async with claude(fake, "eta") as client:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            async with client.messages.stream(model="m1", max_tokens=9, messages=A_MESSAGES) as s:
+                _ = [e async for e in s]
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "Overloaded"},
+    }
+
+    async with http.post(fake.url + "/s/eta/v1/messages", json={**A_BODY, "stream": True}) as r:
+        events = await read_sse(r)  # ends cleanly: no exception
+    assert [name for name, _ in events] == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "error",
+    ]
+    assert events[-1][1] == {"type": "error", "error": custom}
+
+
+async def test_anthropic_custom_text_body_and_delays(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    fake.script(
+        "theta",
+        [
+            Fault(text="scripted answer"),
+            Fault(body={"custom": True}),
+            Fault(first_token_delay_s=0.2, token_delay_s=0.02, text="a b c"),
+        ],
+    )
+    url = fake.url + "/s/theta/v1/messages"
+    async with http.post(url, json=A_BODY) as resp:
+        assert (await resp.json())["content"] == [{"type": "text", "text": "scripted answer"}]
+    async with http.post(url, json=A_BODY) as resp:
+        assert (resp.status, await resp.json()) == (200, {"custom": True})
+
+    start = time.monotonic()
+    async with http.post(url, json={**A_BODY, "stream": True}) as resp:
+        headers_at = time.monotonic() - start
+        first = await resp.content.readline()
+        first_at = time.monotonic() - start
+        await resp.read()
+        done_at = time.monotonic() - start
+    assert first == b"event: message_start\n"
+    assert headers_at < 0.15 <= first_at
+    assert done_at >= 0.2 + 2 * 0.02
+
+
+async def test_anthropic_dropped_during_stream(fake: FakeUpstream) -> None:
+    fake.script("iota", [Fault(token_delay_s=0.2)])
+    await _send_and_hang_up(fake.url, "/s/iota/v1/messages", {**A_BODY, "stream": True}, after=0.1)
+    await wait_for(lambda: fake.dropped("iota") == 1, timeout=1.0)
+
+
+async def test_anthropic_base_url_with_v1_gets_a_hint(fake: FakeUpstream) -> None:
+    client = anthropic.AsyncAnthropic(base_url=fake.base_url("ok"), api_key="x", max_retries=0)
+    async with client:
+        with pytest.raises(anthropic.NotFoundError) as info:
+            await client.messages.create(model="m1", max_tokens=10, messages=A_MESSAGES)
+    assert "without /v1" in str(info.value)

@@ -1,0 +1,421 @@
+"""The Anthropic wire format: POST /v1/messages, plain and SSE streaming.
+
+Field names and event order follow api.anthropic.com (and the ``anthropic``
+SDK's types): ``message_start``, ``content_block_start``, ``ping``,
+``content_block_delta``…, ``content_block_stop``, ``message_delta``,
+``message_stop``, each sent as ``event: <type>`` + ``data: <json>``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import orjson
+from aiohttp import web
+
+from .answers import (
+    content_text,
+    count_words,
+    default_answer,
+    split_tokens,
+    tool_arguments,
+    tool_arguments_json,
+    tool_result_answer,
+)
+from .exchange import Exchange, Route, WireFormat
+
+__all__ = ["anthropic_wire", "error_body", "error_response"]
+
+_JSON_HEADERS: Mapping[str, str] = MappingProxyType({"Content-Type": "application/json"})
+_SSE_HEADERS: Mapping[str, str] = MappingProxyType(
+    {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+)
+
+# (type, message) as api.anthropic.com sends them for the documented statuses.
+_ERROR_DEFAULTS: Mapping[int, tuple[str, str]] = MappingProxyType(
+    {
+        400: ("invalid_request_error", "Invalid request."),
+        401: ("authentication_error", "invalid x-api-key"),
+        402: ("billing_error", "Your credit balance is too low to access the Anthropic API."),
+        403: (
+            "permission_error",
+            "Your API key does not have permission to use the specified resource.",
+        ),
+        404: ("not_found_error", "Not found."),
+        413: ("request_too_large", "Request exceeds the maximum allowed number of bytes."),
+        429: (
+            "rate_limit_error",
+            "This request would exceed the rate limit for your organization. "
+            "Please try again later.",
+        ),
+        500: ("api_error", "Internal server error"),
+        504: ("timeout_error", "Request timed out."),
+        529: ("overloaded_error", "Overloaded"),
+    }
+)
+
+
+def _error_defaults(status: int) -> tuple[str, str]:
+    known = _ERROR_DEFAULTS.get(status)
+    if known is not None:
+        return known
+    if status >= 500:
+        return ("api_error", f"The server returned an error ({status}).")
+    return ("invalid_request_error", f"The request failed ({status}).")
+
+
+def _request_id() -> str:
+    return "req_" + os.urandom(12).hex()
+
+
+def error_body(
+    status: int, message: str | None = None, request_id: str | None = None
+) -> dict[str, Any]:
+    err_type, default_message = _error_defaults(status)
+    return {
+        "type": "error",
+        "error": {
+            "type": err_type,
+            "message": message if message is not None else default_message,
+        },
+        "request_id": request_id if request_id is not None else _request_id(),
+    }
+
+
+def error_response(
+    status: int, message: str | None = None, headers: Mapping[str, str] = _JSON_HEADERS
+) -> web.Response:
+    request_id = _request_id()
+    merged = {**_JSON_HEADERS, "request-id": request_id, **headers}
+    if status in (204, 304):
+        return web.Response(status=status, headers=merged)
+    return web.Response(
+        status=status, body=orjson.dumps(error_body(status, message, request_id)), headers=merged
+    )
+
+
+def _invalid(ex: Exchange, message: str) -> web.Response:
+    request_id = _request_id()
+    return web.Response(
+        status=400,
+        body=orjson.dumps(error_body(400, message, request_id)),
+        headers=ex.response_headers({**_JSON_HEADERS, "request-id": request_id}),
+    )
+
+
+def _validate(body: Any) -> str | None:
+    """The API's message for an invalid request body, None when it is fine."""
+    if not isinstance(body, dict):
+        return "There was an issue with your request body: it must be a JSON object."
+    model = body.get("model")
+    if model is None:
+        return "model: Field required"
+    if not isinstance(model, str) or not model:
+        return "model: Input should be a valid string"
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        return "max_tokens: Field required"
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        return "max_tokens: Input should be a valid integer"
+    if max_tokens < 1:
+        return "max_tokens: Input should be greater than or equal to 1"
+    messages = body.get("messages")
+    if messages is None:
+        return "messages: Field required"
+    if not isinstance(messages, list):
+        return "messages: Input should be a valid list"
+    if not messages:
+        return "messages: at least one message is required"
+    return None
+
+
+def _block_texts(content: Any) -> list[str]:
+    """Every text in a content (string or blocks), tool_result contents included."""
+    if isinstance(content, str):
+        return [content]
+    texts: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            text = block.get("text")
+            if isinstance(text, str):
+                texts.append(text)
+            elif block.get("type") == "tool_result":
+                texts.extend(_block_texts(block.get("content")))
+    return texts
+
+
+def _input_tokens(body: Mapping[str, Any], messages: Sequence[Any]) -> int:
+    """Rough prompt size: words of the system prompt and of every message."""
+    total = sum(count_words(t) for t in _block_texts(body.get("system")))
+    for message in messages:
+        if isinstance(message, dict):
+            total += sum(count_words(t) for t in _block_texts(message.get("content")))
+    return total
+
+
+def _tool_results(messages: Sequence[Any]) -> list[str] | None:
+    """Contents of the tool_result blocks of a final user message, else None."""
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if not isinstance(content, list):
+        return None
+    results = [
+        content_text(block.get("content"))
+        for block in content
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    return results or None
+
+
+def _tool_to_call(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The tool a request with ``tools`` gets a call of, or None."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    choice = body.get("tool_choice")
+    named: Any = None
+    if isinstance(choice, dict):
+        if choice.get("type") == "none":
+            return None
+        if choice.get("type") == "tool":
+            named = choice.get("name")
+    candidates = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str)]
+    for tool in candidates:
+        if tool["name"] == named:
+            return tool
+    return candidates[0] if candidates else None
+
+
+@attrs.frozen
+class _Answer:
+    """What the fake "generates": text tokens or one tool call, and why it stopped."""
+
+    tokens: Sequence[str]  # text pieces, or the tool input's JSON fragments
+    stop_reason: str
+    tool_id: str | None = None
+    tool_name: str | None = None
+    tool_input: Mapping[str, Any] | None = None
+
+    def content(self) -> list[dict[str, Any]]:
+        if self.tool_name is not None:
+            return [
+                {
+                    "type": "tool_use",
+                    "id": self.tool_id,
+                    "name": self.tool_name,
+                    "input": self.tool_input,
+                }
+            ]
+        if not self.tokens:
+            # The API sends no block at all when nothing visible was generated.
+            return []
+        return [{"type": "text", "text": "".join(self.tokens)}]
+
+
+def _plan(body: Mapping[str, Any], messages: Sequence[Any], model: str, ex: Exchange) -> _Answer:
+    fault = ex.fault
+    if fault.empty_length:
+        # max_tokens reached before any visible text: content [] (not an empty
+        # text block), stop_reason "max_tokens", as api.anthropic.com does.
+        return _Answer((), "max_tokens")
+    text = fault.text
+    if text is None:
+        results = _tool_results(messages)
+        if results is not None:
+            text = tool_result_answer(results)
+        else:
+            tool = _tool_to_call(body)
+            if tool is not None:
+                arguments = tool_arguments(tool.get("input_schema"))
+                _json_text, fragments = tool_arguments_json(arguments)
+                return _Answer(
+                    fragments,
+                    "tool_use",
+                    tool_id="toolu_" + os.urandom(12).hex(),
+                    tool_name=tool["name"],
+                    tool_input=arguments,
+                )
+            text = default_answer(model)
+    tokens = split_tokens(text)
+    max_tokens: int = body["max_tokens"]
+    if max_tokens < len(tokens):
+        return _Answer(tokens[:max_tokens], "max_tokens")
+    return _Answer(tokens, "end_turn")
+
+
+def _event(name: str, payload: Any) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+_PING = _event("ping", {"type": "ping"})
+# What an empty Fault.stream_error ({}) sends: the API's mid-stream overload.
+_OVERLOADED_EVENT = _event(
+    "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+)
+_BLOCK_STOP = _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+_MESSAGE_STOP = _event("message_stop", {"type": "message_stop"})
+_TEXT_DELTA_HEAD = (
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+)
+_JSON_DELTA_HEAD = (
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"input_json_delta","partial_json":'
+)
+_DELTA_TAIL = b"}}\n\n"
+
+
+def _stream_error_event(error: Mapping[str, Any]) -> bytes:
+    # {} means the default overload; a full {"type": "error", "error": {...}}
+    # or a wrapped {"error": {...}} is sent as is; anything else is the inner
+    # error object.
+    if not error:
+        return _OVERLOADED_EVENT
+    if "error" in error:
+        return _event("error", {"type": "error", **error})
+    return _event("error", {"type": "error", "error": error})
+
+
+async def _stream_message(
+    ex: Exchange, message: Mapping[str, Any], answer: _Answer, headers: Mapping[str, str]
+) -> web.StreamResponse:
+    fault = ex.fault
+    resp = web.StreamResponse(headers=ex.response_headers(headers))
+    await resp.prepare(ex.request)
+
+    # Batched between delays exactly like the OpenAI stream (see openai_wire).
+    pending: list[bytes] = []
+
+    async def flush() -> None:
+        if pending:
+            data = b"".join(pending)
+            pending.clear()
+            await resp.write(data)
+
+    # Headers are out; the body stays idle until the first token is "ready".
+    await ex.pause(fault.first_token_delay_s)
+    usage = message["usage"]
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 1},
+    }
+    pending.append(_event("message_start", {"type": "message_start", "message": start}))
+    has_block = bool(answer.tokens) or answer.tool_name is not None
+    if answer.tool_name is not None:
+        block: dict[str, Any] = {
+            "type": "tool_use",
+            "id": answer.tool_id,
+            "name": answer.tool_name,
+            "input": {},
+        }
+        delta_head = _JSON_DELTA_HEAD
+    else:
+        block = {"type": "text", "text": ""}
+        delta_head = _TEXT_DELTA_HEAD
+    if has_block:
+        pending.append(
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": block},
+            )
+        )
+    pending.append(_PING)
+
+    cut = fault.die_after_chunks
+    if cut is None and fault.stream_error is not None:
+        cut = 0
+    tokens = answer.tokens
+    emitted = tokens if cut is None else tokens[:cut]
+    for i, token in enumerate(emitted):
+        if i and fault.token_delay_s:
+            await flush()
+            await ex.pause(fault.token_delay_s)
+        pending.append(delta_head + orjson.dumps(token) + _DELTA_TAIL)
+
+    if fault.stream_error is not None:
+        pending.append(_stream_error_event(fault.stream_error))
+        await resp.write_eof(b"".join(pending))
+        return resp
+    if cut is not None:
+        await flush()
+        return ex.hang_up(resp)
+
+    if has_block:
+        pending.append(_BLOCK_STOP)
+    pending.append(
+        _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": answer.stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        )
+    )
+    pending.append(_MESSAGE_STOP)
+    await resp.write_eof(b"".join(pending))
+    return resp
+
+
+async def _messages(ex: Exchange) -> web.StreamResponse:
+    problem = _validate(ex.body)
+    if problem is not None:
+        return _invalid(ex, problem)
+    body: dict[str, Any] = ex.body
+    model: str = body["model"]
+    messages: list[Any] = body["messages"]
+
+    fault = ex.fault
+    stream = body.get("stream") is True
+    if fault.die_after_chunks is not None and not stream:
+        return ex.hang_up()
+
+    answer = _plan(body, messages, model, ex)
+    message = {
+        "id": "msg_" + os.urandom(12).hex(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": answer.content(),
+        "stop_reason": answer.stop_reason,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": _input_tokens(body, messages),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": len(answer.tokens),
+        },
+    }
+
+    if stream:
+        return await _stream_message(
+            ex, message, answer, {**_SSE_HEADERS, "request-id": _request_id()}
+        )
+
+    # A real upstream takes as long to answer as it takes to generate.
+    await ex.pause(fault.first_token_delay_s + fault.token_delay_s * max(len(answer.tokens) - 1, 0))
+    return web.Response(
+        body=orjson.dumps(message),
+        headers=ex.response_headers({**_JSON_HEADERS, "request-id": _request_id()}),
+    )
+
+
+def anthropic_wire() -> WireFormat:
+    """The Anthropic Messages wire format (POST /v1/messages)."""
+    return WireFormat(
+        name="anthropic",
+        routes=(Route("POST", "messages", _messages),),
+        error_response=error_response,
+    )
