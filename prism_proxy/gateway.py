@@ -54,11 +54,16 @@ class Gateway:
     async def on_shutdown(self, app: web.Application) -> None:
         self.draining = True
 
-    async def settle(self, call: Call, settlement: Settlement) -> None:
-        """Run ``prism_settle`` exactly once for ``call`` and log the call's summary line."""
+    async def settle(self, call: Call, settlement: Settlement) -> bool:
+        """Run ``prism_settle`` exactly once for ``call`` and log the call's summary line.
+
+        Returns False when an implementation failed (its awaitable raised):
+        the relay then withholds an answer it could not account for.
+        """
         if call.settled:
-            return
+            return True
         call.settled = True
+        recorded = True
         try:
             pending = self.hook.prism_settle(call=call, settlement=settlement)
             if pending:
@@ -66,6 +71,7 @@ class Gateway:
                 await asyncio.shield(asyncio.gather(*pending))
         except Exception:
             log.exception("prism_settle failed for %s", call.request_id)
+            recorded = False
         if call_log.isEnabledFor(logging.INFO):
             served = settlement.served
             call_log.info(
@@ -80,6 +86,7 @@ class Gateway:
                 len(call.attempts),
                 (self.clock() - call.received_at) * 1000,
             )
+        return recorded
 
 
 GATEWAY = web.AppKey("prism_gateway", Gateway)

@@ -181,6 +181,9 @@ def prism_settle(call: Call, settlement: Settlement) -> Awaitable[None] | None:
     only one that may be billed) and ``settlement.usage`` its usage.  An
     implementation may return an awaitable; the core awaits all of them
     before the response completes: for a non-streaming call before the body
-    is sent, for a stream before its final event.  Raising is logged, never
-    shown to the caller.  Fan-out.
+    is sent, for a stream before its final event.  If an awaitable raises
+    (a ledger that cannot commit), the failure is logged and the caller does
+    not get an answer that was not accounted for: a non-streaming call gets
+    503 ``settlement_failed`` instead of the body, a stream an error event
+    instead of its final event.  Fan-out.
     """

@@ -43,7 +43,14 @@ async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
     served.response.release()
     prepared = served.prepared
     usage = prepared.provider_wire.usage_update(None, result.json)
-    await gw.settle(call, Settlement("ok", 200, served.attempt, usage))
+    if not await gw.settle(call, Settlement("ok", 200, served.attempt, usage)):
+        err = _unrecorded(call)
+        return web.Response(
+            status=err.status,
+            body=wire_for(call.endpoint).error_body(err),
+            content_type="application/json",
+            headers=prism_headers(call),
+        )
     headers = prism_headers(call)
     if prepared.translated:
         body = orjson.dumps(prepared.translate_body(result.json))
@@ -52,6 +59,18 @@ async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
         body = result.body
         headers["Content-Type"] = served.response.headers.get("Content-Type", "application/json")
     return web.Response(body=body, status=200, headers=headers)
+
+
+def _unrecorded(call: Call) -> PrismError:
+    """The answer could not be accounted for (a ledger commit failed): it is withheld."""
+    return PrismError(
+        503,
+        "settlement_failed",
+        "Prism could not record this call, so it withheld the answer; retry "
+        f"(request {call.request_id})",
+        type="api_error",
+        extra={"request_id": call.request_id},
+    )
 
 
 def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
@@ -105,9 +124,12 @@ async def _relay_stream(
         closing = stream.closing()
         if closing:
             await response.write(closing)
-        await gw.settle(call, Settlement("ok", 200, served.attempt, _usage_so_far(call, stream)))
+        settled = Settlement("ok", 200, served.attempt, _usage_so_far(call, stream))
+        final = client_wire.done_event
+        if not await gw.settle(call, settled):
+            final = client_wire.error_event(_unrecorded(call))
         # The final event and the end of the chunked body leave in one write.
-        await response.write_eof(_late_headers(call, sent) + client_wire.done_event)
+        await response.write_eof(_late_headers(call, sent) + final)
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
         await _abort(gw, call, served, stream)

@@ -47,9 +47,11 @@ async def listen(app: web.Application, host: str, port: int, *, grace_s: float) 
     runner = web.AppRunner(
         app, handler_cancellation=True, shutdown_timeout=grace_s, access_log=None
     )
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     try:
+        # setup() runs the app's start-up contexts; a failing one must not
+        # leave the ones before it (pools, background tasks) running.
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
         await site.start()
     except BaseException:
         await runner.cleanup()

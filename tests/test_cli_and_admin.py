@@ -187,3 +187,28 @@ async def test_a_plugin_bug_is_a_500_with_the_request_id_and_still_settles(
     assert request_id in info.value.message
     [settlement] = recorder.settlements_for(request_id)
     assert settlement.outcome == "error" and settlement.status == 500
+
+
+class BrokenLedger:
+    @hookimpl
+    def prism_settle(self, call, settlement):
+        async def commit():
+            raise OSError("disk full")
+
+        return commit()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_that_cannot_be_recorded_is_withheld(prism_fake, prism_gateway, catalog, stream):
+    import openai
+
+    gw = await prism_gateway(catalog, plugins=[(BrokenLedger(), "ledger")])
+    client = gw.openai()
+    with pytest.raises(openai.APIError) as info:
+        result = await client.chat.completions.create(
+            model="chat-a", messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
+        if stream:
+            async for _ in result:
+                pass
+    assert "settlement_failed" in str(info.value.body) or info.value.code == "settlement_failed"

@@ -1,0 +1,18 @@
+"""prism-billing: a durable ledger that bills exactly the catalog line that served."""
+
+from .billing import BILLING, COST_HEADER, Billing
+from .ledger import LedgerWriter
+from .prices import Price, PriceBook, format_nanos, parse_price
+from .rows import LedgerRow
+
+__all__ = [
+    "BILLING",
+    "COST_HEADER",
+    "Billing",
+    "LedgerRow",
+    "LedgerWriter",
+    "Price",
+    "PriceBook",
+    "format_nanos",
+    "parse_price",
+]

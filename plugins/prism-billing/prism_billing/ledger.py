@@ -1,0 +1,210 @@
+"""The SQLite ledger: schema, and one writer that group-commits rows.
+
+Every row a call hands in is queued; one writer task takes everything queued
+while the previous commit ran and writes it in one transaction, so concurrent
+calls share one fsync.  ``record`` returns only once its row's transaction is
+durable (WAL with ``synchronous=FULL`` by default), which is what lets the
+core hold a response until its row exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .rows import COLUMNS, LedgerRow
+
+__all__ = ["SCHEMA_VERSION", "LedgerClosed", "LedgerWriter", "connect", "open_for_reading"]
+
+log = logging.getLogger("prism.billing")
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger (
+    request_id TEXT NOT NULL PRIMARY KEY,
+    ts TEXT NOT NULL,
+    day TEXT NOT NULL,
+    key_id TEXT,
+    org TEXT,
+    model TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    stream INTEGER NOT NULL,
+    traffic TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    error_code TEXT,
+    provider TEXT,
+    upstream_model TEXT,
+    input_tokens INTEGER NOT NULL,
+    cached_input_tokens INTEGER NOT NULL,
+    cache_creation_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    estimated INTEGER NOT NULL,
+    unpriced INTEGER NOT NULL,
+    cost_nanos INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_by_day ON ledger (traffic, day);
+"""
+_INSERT = (
+    f"INSERT OR IGNORE INTO ledger ({', '.join(COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in COLUMNS)})"
+)
+_BUSY_TIMEOUT_MS = 5000
+
+
+class LedgerClosed(Exception):
+    """A row arrived after the ledger was closed (the gateway is stopping)."""
+
+
+def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
+    """Open (creating if needed) the ledger in WAL mode with the schema in place."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise sqlite3.OperationalError(f"{path}: cannot switch to WAL mode (got {mode})")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(
+                f"{path}: ledger schema {version} is newer than this prism-billing "
+                f"understands ({SCHEMA_VERSION})"
+            )
+        conn.executescript(_SCHEMA)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_for_reading(path: Path) -> sqlite3.Connection:
+    """A connection for queries; it never creates a ledger that is not there."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no ledger at {path}")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
+    """One transaction for the whole batch; returns how many rows were new."""
+    before = conn.total_changes
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(_INSERT, rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        # A failed COMMIT (disk full) can leave the transaction open; the next
+        # batch must start clean.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return conn.total_changes - before
+
+
+class LedgerWriter:
+    """The ledger's only writer: one thread owns the connection, one task feeds it."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "FULL",
+        max_batch_rows: int = 1000,
+        counters: collections.Counter[str] | None = None,
+    ) -> None:
+        self.path = path
+        self._synchronous = synchronous
+        self._max_batch = max_batch_rows
+        self.counters: collections.Counter[str] = (
+            counters if counters is not None else collections.Counter()
+        )
+        # One thread: sqlite3 connections belong to the thread that made them.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="prism-billing-ledger")
+        self._conn: sqlite3.Connection | None = None
+        self._queue: collections.deque[tuple[LedgerRow, asyncio.Future[None]]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._conn = await loop.run_in_executor(
+            self._executor, lambda: connect(self.path, synchronous=self._synchronous)
+        )
+        self._task = asyncio.create_task(self._run(), name="prism-billing-ledger")
+
+    async def record(self, row: LedgerRow) -> None:
+        """Queue ``row`` and return once the transaction holding it is committed."""
+        if self._closing or self._task is None:
+            raise LedgerClosed(f"ledger closed; row for {row.request_id} not written")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((row, future))
+        self._wake.set()
+        await future
+
+    async def close(self) -> None:
+        """Write everything queued, then close the connection and its thread."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        conn = self._conn
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn = self._conn
+        assert conn is not None
+        batch: list[tuple[LedgerRow, asyncio.Future[None]]] = []
+        try:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                take = min(len(self._queue), self._max_batch)
+                batch = [self._queue.popleft() for _ in range(take)]
+                rows = [row.as_tuple() for row, _ in batch]
+                try:
+                    added = await loop.run_in_executor(self._executor, _write, conn, rows)
+                except Exception as exc:
+                    self.counters["billing_write_errors"] += 1
+                    log.error("ledger %s: commit of %d rows failed: %s", self.path, len(rows), exc)
+                    _settle_all(batch, exc)
+                    continue
+                self.counters["billing_commits"] += 1
+                self.counters["billing_rows"] += added
+                _settle_all(batch, None)
+        finally:
+            # Never leave a caller waiting on a commit that will not happen.
+            stopped = LedgerClosed("ledger writer stopped")
+            _settle_all(batch, stopped)
+            _settle_all(list(self._queue), stopped)
+            self._queue.clear()
+
+
+def _settle_all(
+    batch: list[tuple[LedgerRow, asyncio.Future[None]]], error: BaseException | None
+) -> None:
+    for _, future in batch:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

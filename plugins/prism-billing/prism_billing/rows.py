@@ -1,0 +1,121 @@
+"""One ledger row per call: who, what was asked, what served, what it used and cost.
+
+A row holds identifiers, names and counts only: never prompt or completion
+text, never a credential (``key_id`` is the key's public identifier).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import attrs
+
+from prism_proxy import Call, Settlement
+
+from .prices import PriceBook, clamp_tokens
+
+__all__ = ["COLUMNS", "LedgerRow", "build_row", "utc_day"]
+
+
+@attrs.frozen
+class LedgerRow:
+    request_id: str
+    #: Wall-clock time the call settled, ISO 8601 UTC with milliseconds.
+    ts: str
+    #: The UTC day of ``ts``; bills and usage totals group by it.
+    day: str
+    key_id: str | None
+    org: str | None
+    #: The model the caller asked for (a catalog model, or a pinned ``provider/model``).
+    model: str
+    endpoint: str
+    stream: bool
+    #: ``customer``, ``probe`` or ``preflight``; only ``customer`` rows are ever billed.
+    traffic: str
+    #: ``ok``, ``error`` or ``aborted``, as the core settled the call.
+    outcome: str
+    status: int
+    error_code: str | None
+    #: The serving line (None when nothing served): the only one billed.
+    provider: str | None
+    upstream_model: str | None
+    input_tokens: int
+    cached_input_tokens: int
+    cache_creation_tokens: int
+    output_tokens: int
+    #: Usage not reported by the provider (estimated from delivered text, or missing).
+    estimated: bool
+    #: The serving line has no price (``require_prices = false``): billed at 0.
+    unpriced: bool
+    cost_nanos: int
+    attempts: int
+    duration_ms: int
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return attrs.astuple(self, recurse=False)
+
+
+COLUMNS: tuple[str, ...] = tuple(field.name for field in attrs.fields(LedgerRow))
+
+
+def utc_day(timestamp: float) -> tuple[str, str]:
+    """``(ts, day)`` for a POSIX timestamp, in UTC."""
+    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    ), moment.date().isoformat()
+
+
+def build_row(
+    call: Call, settlement: Settlement, prices: PriceBook, *, now: float, duration_ms: int
+) -> LedgerRow:
+    """The row for a settled call; only ``settlement.served`` is priced."""
+    served = settlement.served
+    usage = settlement.usage
+    ts, day = utc_day(now)
+    cost = 0
+    unpriced = False
+    estimated = False
+    tokens = (0, 0, 0, 0)
+    if served is not None:
+        price = prices.price_of(served.binding)
+        unpriced = price is None
+        if usage is None:
+            # Served, but the provider reported nothing and nothing could be estimated.
+            estimated = True
+        else:
+            estimated = usage.estimated
+            tokens = (
+                clamp_tokens(usage.input_tokens),
+                clamp_tokens(usage.cached_input_tokens),
+                clamp_tokens(usage.cache_creation_tokens),
+                clamp_tokens(usage.output_tokens),
+            )
+        if price is not None:
+            cost = price.cost_nanos(usage)
+    return LedgerRow(
+        request_id=call.request_id,
+        ts=ts,
+        day=day,
+        key_id=call.principal.key_id,
+        org=call.principal.org,
+        model=call.model_name,
+        endpoint=str(call.endpoint),
+        stream=call.stream,
+        traffic=call.traffic,
+        outcome=settlement.outcome,
+        status=settlement.status,
+        error_code=settlement.error_code,
+        provider=served.binding.provider if served else None,
+        upstream_model=served.binding.model if served else None,
+        input_tokens=tokens[0],
+        cached_input_tokens=tokens[1],
+        cache_creation_tokens=tokens[2],
+        output_tokens=tokens[3],
+        estimated=estimated,
+        unpriced=unpriced,
+        cost_nanos=cost,
+        attempts=len(call.attempts),
+        duration_ms=max(duration_ms, 0),
+    )

@@ -1,0 +1,69 @@
+"""The ``[prism:billing]`` section."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import attrs
+
+from prism_proxy import Config
+
+__all__ = ["PLUGIN_NAME", "BillingSettings"]
+
+PLUGIN_NAME = "billing"
+_KEYS = ("ledger_path", "currency", "require_prices", "synchronous", "max_batch_rows")
+_CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
+
+
+@attrs.frozen
+class BillingSettings:
+    """What the operator configured; ``ledger_path`` None means billing is off."""
+
+    ledger_path: Path | None
+    #: The configuration file, for error messages.
+    source: str = "<config>"
+    currency: str = "USD"
+    require_prices: bool = True
+    #: SQLite ``PRAGMA synchronous`` in WAL mode: FULL fsyncs every commit.
+    synchronous: str = "FULL"
+    max_batch_rows: int = 1000
+
+    @property
+    def enabled(self) -> bool:
+        return self.ledger_path is not None
+
+    @classmethod
+    def from_config(cls, config: Config, *, check_dir: bool = True) -> BillingSettings:
+        section = config.section(PLUGIN_NAME)
+        section.check_keys(_KEYS)
+        currency = section.get_str("currency", "USD") or ""
+        if not _CURRENCY.fullmatch(currency):
+            raise section.error("currency", f"expected a short code such as USD, got {currency!r}")
+        synchronous = (section.get_str("synchronous", "full") or "").upper()
+        if synchronous not in ("FULL", "NORMAL"):
+            raise section.error("synchronous", f"expected full or normal, got {synchronous!r}")
+        settings = cls(
+            ledger_path=None,
+            source=config.source,
+            currency=currency,
+            require_prices=section.get_bool("require_prices", True),
+            synchronous=synchronous,
+            max_batch_rows=section.get_int("max_batch_rows", 1000, min=1, max=100_000),
+        )
+        raw = section.get_str("ledger_path")
+        if not raw:
+            return settings
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            path = config.base_dir / path
+        if check_dir:
+            directory = path.parent
+            if not directory.is_dir():
+                raise section.error("ledger_path", f"directory {directory} does not exist")
+            if not os.access(directory, os.W_OK):
+                raise section.error("ledger_path", f"directory {directory} is not writable")
+            if path.exists() and not path.is_file():
+                raise section.error("ledger_path", f"{path} is not a file")
+        return attrs.evolve(settings, ledger_path=path)

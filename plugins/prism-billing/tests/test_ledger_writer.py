@@ -1,0 +1,133 @@
+"""The ledger writer on its own: group commit, idempotency, and closing."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import attrs
+import pytest
+from aiohttp import web
+from prism_billing import LedgerRow, LedgerWriter
+from prism_billing.ledger import LedgerClosed
+
+from prism_proxy import ConfigError, config_from_mapping, create_app
+
+
+def row(request_id: str, **changes: object) -> LedgerRow:
+    base = LedgerRow(
+        request_id=request_id,
+        ts="2026-11-01T10:00:00.000Z",
+        day="2026-11-01",
+        key_id="k",
+        org="o",
+        model="m",
+        endpoint="chat",
+        stream=False,
+        traffic="customer",
+        outcome="ok",
+        status=200,
+        error_code=None,
+        provider="p",
+        upstream_model="x",
+        input_tokens=1,
+        cached_input_tokens=0,
+        cache_creation_tokens=0,
+        output_tokens=1,
+        estimated=False,
+        unpriced=False,
+        cost_nanos=18,
+        attempts=1,
+        duration_ms=5,
+    )
+    return attrs.evolve(base, **changes)
+
+
+def stored(path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT request_id, outcome FROM ledger ORDER BY request_id").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_rows_queued_together_share_one_commit(tmp_path):
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    await asyncio.gather(*(writer.record(row(f"req_{i:02d}")) for i in range(50)))
+    await writer.close()
+    assert writer.counters["billing_rows"] == 50
+    assert writer.counters["billing_commits"] == 1
+    assert len(stored(tmp_path / "l.sqlite")) == 50
+
+
+async def test_the_ledger_is_in_wal_mode_with_full_sync(tmp_path):
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    await writer.record(row("req_1"))
+    await writer.close()
+    conn = sqlite3.connect(tmp_path / "l.sqlite")
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        conn.close()
+
+
+async def test_a_request_id_is_written_once_whatever_comes_later(tmp_path):
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    await writer.record(row("req_1"))
+    await asyncio.gather(
+        writer.record(row("req_1", outcome="aborted")), writer.record(row("req_2"))
+    )
+    await writer.close()
+    assert stored(tmp_path / "l.sqlite") == [("req_1", "ok"), ("req_2", "ok")]
+    assert writer.counters["billing_rows"] == 2
+
+
+async def test_a_closed_ledger_refuses_rows_loudly(tmp_path):
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    await writer.close()
+    with pytest.raises(LedgerClosed):
+        await writer.record(row("req_late"))
+
+
+async def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
+    conn = sqlite3.connect(tmp_path / "l.sqlite")
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    with pytest.raises(sqlite3.DatabaseError, match="newer"):
+        await writer.start()
+    await writer.close()
+
+
+async def test_a_gateway_that_cannot_open_its_ledger_does_not_start(prism_fake, tmp_path):
+    (tmp_path / "l.sqlite").write_bytes(b"this is not a database, just some text" * 100)
+    catalog = {
+        "providers": {"p": {"kind": "openai", "base_url": prism_fake.base_url("ok")}},
+        "models": {
+            "m": {"chain": [{"provider": "p", "model": "x", "price": {"input": 1, "output": 1}}]}
+        },
+    }
+    config = config_from_mapping(
+        {}, {"billing": {"ledger_path": str(tmp_path / "l.sqlite")}}, catalog_data=catalog
+    )
+    runner = web.AppRunner(create_app(config))
+    with pytest.raises(ConfigError) as info:
+        await runner.setup()
+    await runner.cleanup()
+    assert info.value.key == "[prism:billing] ledger_path"
+    assert "cannot open the ledger" in info.value.problem
+
+
+async def test_a_failed_commit_fails_its_callers_and_the_next_batch_still_commits(tmp_path):
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    with pytest.raises(OverflowError):
+        await writer.record(row("req_bad", cost_nanos=2**70))
+    await writer.record(row("req_good"))
+    await writer.close()
+    assert stored(tmp_path / "l.sqlite") == [("req_good", "ok")]
+    assert writer.counters["billing_write_errors"] == 1

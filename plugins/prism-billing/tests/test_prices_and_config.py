@@ -1,0 +1,136 @@
+"""Price arithmetic and the start-up checks an operator meets."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prism_billing import Price, format_nanos, parse_price
+
+from prism_proxy import ConfigError, Usage, config_from_mapping, create_app
+
+
+def price(**fields: float) -> Price:
+    return parse_price(fields, "models.m.chain[0].price", "catalog.toml")
+
+
+def test_cost_counts_each_kind_of_token_at_its_own_rate():
+    p = price(input=3.0, output=15.0, cached_input=0.3, cache_write=3.75, request=0.001)
+    usage = Usage(
+        input_tokens=1000, cached_input_tokens=200, cache_creation_tokens=100, output_tokens=500
+    )
+    # (700 x 3 + 200 x 0.3 + 100 x 3.75 + 500 x 15) / 1e6 + 0.001
+    assert format_nanos(p.cost_nanos(usage)) == "0.011035"
+
+
+def test_cost_has_no_float_drift():
+    # 0.1 + 0.2 != 0.3 in floats; in the ledger it is.
+    tenth, fifth = price(input=0.1, output=0), price(input=0.2, output=0)
+    one_token = Usage(input_tokens=1)
+    total = tenth.cost_nanos(one_token) + fifth.cost_nanos(one_token)
+    assert total == price(input=0.3, output=0).cost_nanos(one_token) == 300
+    million = Usage(input_tokens=1_000_000, output_tokens=3_000_000)
+    assert price(input=0.1, output=0.7).cost_nanos(million) == 2_200_000_000
+    assert format_nanos(2_200_000_000) == "2.2"
+
+
+def test_cost_rounds_once_to_the_nano_half_to_even():
+    half_nano = price(input=0.0005, output=0)  # 5e-10 per token
+    assert half_nano.cost_nanos(Usage(input_tokens=1)) == 0
+    assert half_nano.cost_nanos(Usage(input_tokens=3)) == 2
+    assert half_nano.cost_nanos(Usage(input_tokens=5)) == 2
+    assert half_nano.cost_nanos(Usage(input_tokens=7)) == 4
+
+
+def test_cached_prices_default_to_the_input_price():
+    p = price(input=2.0, output=4.0)
+    assert p.cached_input == p.cache_write == Decimal("2.0")
+    assert p.request == 0
+    assert p.cost_nanos(None) == 0  # served with no usage: only a fee could apply
+
+
+def test_absurd_token_counts_cannot_overflow_the_ledger():
+    p = price(input=1_000_000, output=1_000_000, request=1_000_000)
+    usage = Usage(input_tokens=10**30, output_tokens=10**30, cached_input_tokens=10**30)
+    assert p.cost_nanos(usage) < 2**63
+
+
+def catalog(price_value: Any = None, second: Any = None) -> dict[str, Any]:
+    line: dict[str, Any] = {"provider": "p", "model": "a"}
+    if price_value is not None:
+        line["price"] = price_value
+    other: dict[str, Any] = {"provider": "p", "model": "b"}
+    if second is not None:
+        other["price"] = second
+    return {
+        "providers": {"p": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+        "models": {"m": {"chain": [line, other]}},
+    }
+
+
+def start(cat: dict[str, Any], billing: dict[str, Any] | None = None, base: Path | None = None):
+    config = config_from_mapping(
+        {},
+        {"billing": billing} if billing is not None else None,
+        source="prism.ini",
+        base_dir=base,
+        catalog_data=cat,
+    )
+    return create_app(config)
+
+
+GOOD = {"input": 1.0, "output": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("bad", "where", "problem"),
+    [
+        (3.0, "models.m.chain[0].price", "expected a table"),
+        ({"input": 1.0}, "models.m.chain[0].price.output", "missing"),
+        ({**GOOD, "outptu": 2.0}, "models.m.chain[0].price.outptu", "unknown price field"),
+        ({**GOOD, "output": -1}, "models.m.chain[0].price.output", "expected a number >= 0"),
+        ({**GOOD, "input": "3"}, "models.m.chain[0].price.input", "expected a number"),
+        ({**GOOD, "request": True}, "models.m.chain[0].price.request", "expected a number"),
+        ({**GOOD, "cached_input": float("nan")}, "models.m.chain[0].price.cached_input", ">= 0"),
+        ({**GOOD, "output": 2e6}, "models.m.chain[0].price.output", "at most 1000000"),
+    ],
+)
+def test_a_bad_price_stops_start_up_naming_the_field(bad, where, problem):
+    # Checked even with billing off: a mistyped price is a mistake either way.
+    with pytest.raises(ConfigError) as info:
+        start(catalog(bad, GOOD))
+    assert info.value.key == where
+    assert problem in info.value.problem
+
+
+def test_billing_on_refuses_an_unpriced_line(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        start(catalog(GOOD), {"ledger_path": "ledger.sqlite"}, tmp_path)
+    assert info.value.key == "models.m.chain[1].price"
+    assert "require_prices = false" in info.value.problem
+    assert not (tmp_path / "ledger.sqlite").exists()
+
+
+def test_billing_off_accepts_unpriced_lines_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    start(catalog())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "problem"),
+    [
+        ({"ledger_path": "nowhere/ledger.sqlite"}, "[prism:billing] ledger_path", "does not exist"),
+        ({"ledger_pth": "x"}, "[prism:billing] ledger_pth", "unknown key"),
+        ({"synchronous": "off"}, "[prism:billing] synchronous", "expected full or normal"),
+        ({"require_prices": "maybe"}, "[prism:billing] require_prices", "true or false"),
+        ({"currency": "US dollars"}, "[prism:billing] currency", "short code"),
+    ],
+)
+def test_a_bad_billing_setting_stops_start_up(tmp_path, section, key, problem):
+    with pytest.raises(ConfigError) as info:
+        start(catalog(GOOD, GOOD), section, tmp_path)
+    assert info.value.key == key
+    assert problem in info.value.problem
