@@ -199,7 +199,9 @@ class BrokenLedger:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_answer_that_cannot_be_recorded_is_withheld(prism_fake, prism_gateway, catalog, stream):
+async def test_an_answer_that_cannot_be_recorded_is_withheld(
+    prism_fake, prism_gateway, catalog, stream
+):
     import openai
 
     gw = await prism_gateway(catalog, plugins=[(BrokenLedger(), "ledger")])
