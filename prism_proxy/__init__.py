@@ -21,7 +21,12 @@ from .call import (
     Verdict,
 )
 from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec
-from .classification import PERMANENT_MARKERS, find_permanent_marker, parse_retry_after
+from .classification import (
+    PERMANENT_MARKERS,
+    find_permanent_marker,
+    marker_code,
+    parse_retry_after,
+)
 from .commands import Command, Commands
 from .config import Config, Section, config_from_mapping, load_config
 from .errors import ConfigError, PrismError
@@ -77,6 +82,7 @@ __all__ = [
     "hookimpl",
     "line_params",
     "load_config",
+    "marker_code",
     "normalise_params",
     "parse_retry_after",
     "require_admin",

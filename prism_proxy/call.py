@@ -111,9 +111,9 @@ class Attempt:
     started_at: float
     status: int | None = None
     verdict: Verdict | None = None
+    #: Time from the attempt's start to its verdict: to the first content of
+    #: a stream, to the whole body otherwise.
     elapsed_ms: float = 0.0
-    #: Time to the first content (stream) or the whole body (non-stream).
-    first_byte_ms: float | None = None
     #: A short technical cause such as ``connect: ClientConnectorError``; never body text.
     error: str | None = None
     #: Parameters dropped or renamed for this binding (``x-prism-params-adjusted``).
@@ -124,6 +124,11 @@ class Attempt:
     @property
     def outcome(self) -> Outcome | None:
         return self.verdict.outcome if self.verdict else None
+
+    @property
+    def first_byte_ms(self) -> float | None:
+        """First-token latency: the time to the verdict, when an answer arrived at all."""
+        return self.elapsed_ms if self.status is not None and not self.error else None
 
 
 @attrs.define

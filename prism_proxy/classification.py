@@ -10,7 +10,7 @@ import email.utils
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["PERMANENT_MARKERS", "find_permanent_marker", "parse_retry_after"]
+__all__ = ["PERMANENT_MARKERS", "find_permanent_marker", "marker_code", "parse_retry_after"]
 
 #: Phrases that mean money or credentials.  Deliberately narrow: the bare word
 #: "quota" is not here, because a per-minute quota message is transient.
@@ -36,6 +36,11 @@ def find_permanent_marker(text_lower: str, extra: Iterable[str] = ()) -> str | N
         if marker in text_lower:
             return marker
     return None
+
+
+def marker_code(marker: str) -> str:
+    """The caller-facing code a permanent marker stands for: credentials or money."""
+    return "upstream_auth_failed" if "key" in marker else "upstream_quota_exhausted"
 
 
 def parse_retry_after(

@@ -173,7 +173,7 @@ class Config:
     shutdown_grace_s: float = 30.0
     attempt_timeout_ms: int = 60_000
     log_level: str = "INFO"
-    #: Extra billing/credential markers, added to the built-in narrow list.
+    #: Extra billing/credential markers (lower-cased), added to the built-in narrow list.
     permanent_markers: tuple[str, ...] = ()
     #: Retries of one binding after its first try (models may override).
     retries: int = 2
@@ -329,7 +329,7 @@ def config_from_mapping(
                 "the bare word 'quota' would make per-minute rate limits permanent; "
                 "use a phrase that means money, e.g. 'exceeded your current quota'",
             )
-    config.permanent_markers = markers
+    config.permanent_markers = tuple(marker.lower() for marker in markers)
     config.retries = core.get_int("retries", config.retries, min=0, max=10)
     config.backoff_base_ms = core.get_int("backoff_base_ms", config.backoff_base_ms, min=1)
     config.backoff_cap_ms = core.get_int(

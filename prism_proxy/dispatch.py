@@ -142,8 +142,10 @@ class _Walk:
                 )
             except Untranslatable as why:
                 assert self.call.route is not None
-                self.call.route.skipped.append((binding, f"cannot express {why}"))
-                self.incompatible.append((binding.id, str(why)))
+                # Reasons may quote the caller's input: bounded, they fit a header.
+                reason = str(why)[:120]
+                self.call.route.skipped.append((binding, f"cannot express {reason}"))
+                self.incompatible.append((binding.id, reason))
         for binding, prepared in ready:
             served = await self.binding(binding, model, prepared)
             if served is not None:
@@ -213,6 +215,7 @@ async def _attempt(
                         wire=prepared.provider_wire,
                         forward_usage=call.include_usage,
                         translator=prepared.stream_translator(call.include_usage),
+                        idle_timeout=call.attempt_timeout_s,
                     )
                     data, broken = await stream.until_commit()
                     result = UpstreamResult(
@@ -239,13 +242,14 @@ async def _attempt(
             log.exception("provider %r failed on %s", binding.provider, call.request_id)
             attempt.error = f"provider error: {type(exc).__name__}"
             result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
-    except asyncio.CancelledError as exc:
+        verdict = await _finish(gw, call, attempt, result)
+    except BaseException as exc:
+        # The caller left (or an observer failed) mid-attempt: drop the upstream at once.
         if response is not None:
             response.close()
-        cancelled = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
-        await _finish(gw, call, attempt, cancelled)
+        if attempt.verdict is None and isinstance(exc, asyncio.CancelledError):
+            await _finish(gw, call, attempt, UpstreamResult(attempt.status, error=exc))
         raise
-    verdict = await _finish(gw, call, attempt, result)
     if verdict.outcome in (Outcome.OK, Outcome.EMPTY) and response is not None:
         return Served(attempt, response, result, stream, prepared), attempt, result
     if response is not None:
@@ -259,7 +263,6 @@ async def _attempt(
 async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
     """Classify the attempt and let observers see it."""
     attempt.elapsed_ms = (gw.clock() - attempt.started_at) * 1000
-    attempt.first_byte_ms = attempt.elapsed_ms if result.status is not None else None
     verdict: Verdict = gw.hook.prism_classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
     pending = gw.hook.prism_on_attempt(call=call, attempt=attempt)

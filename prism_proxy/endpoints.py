@@ -138,20 +138,20 @@ async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.R
     """The caller's own mistake, as the upstream said it.
 
     Unchanged when the caller speaks the upstream's wire format; otherwise the
-    upstream's message in the caller's error shape, with the same status.
+    upstream's message in the caller's error shape, with the same status.  An
+    error event inside a 200 stream is answered as the 400 it stands for.
     """
     result = rejected.result
-    assert result.status is not None
-    await gw.settle(call, Settlement("error", result.status, None, None, "upstream_request_error"))
+    status = 400 if result.status in (None, 200) else result.status
+    await gw.settle(call, Settlement("error", status, None, None, "upstream_request_error"))
     headers = prism_headers(call)
+    headers["Content-Type"] = "application/json"
     provider = gw.providers[rejected.attempt.binding.provider]
     client_wire = wire_for(call.endpoint)
-    if client_wire.name == provider.wire:
-        headers["Content-Type"] = result.headers.get("Content-Type", "application/json")
-        return web.Response(status=result.status, body=result.body, headers=headers)
-    err = PrismError(result.status, "upstream_request_error", _upstream_message(result.json))
-    headers["Content-Type"] = "application/json"
-    return web.Response(status=result.status, body=client_wire.error_body(err), headers=headers)
+    if client_wire.name == provider.wire and isinstance(result.json, dict):
+        return web.Response(status=status, body=result.body, headers=headers)
+    err = PrismError(status, "upstream_request_error", _upstream_message(result.json))
+    return web.Response(status=status, body=client_wire.error_body(err), headers=headers)
 
 
 def _upstream_message(payload: Any) -> str:

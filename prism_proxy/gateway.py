@@ -75,7 +75,7 @@ class Gateway:
         if call_log.isEnabledFor(logging.INFO):
             served = settlement.served
             call_log.info(
-                "%s %s model=%s served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
+                "%s %s model=%r served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
                 call.request_id,
                 call.endpoint,
                 call.model_name or "-",

@@ -10,6 +10,8 @@ closes it at shutdown, so each holds one pooled client session.
 from __future__ import annotations
 
 import abc
+import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -29,6 +31,8 @@ __all__ = [
     "line_params",
     "normalise_params",
 ]
+
+log = logging.getLogger("prism")
 
 #: Catalog line keys for per-family parameter normalisation (declared by provider plugins).
 PARAM_RULE_KEYS = frozenset({"drop_params", "rename_params"})
@@ -80,13 +84,14 @@ class Provider(abc.ABC):
     def adjust(self, binding: Binding, body: dict[str, Any]) -> list[str]:
         """Normalise ``body`` (already in this provider's wire format) for ``binding``.
 
-        Per-family parameter rules declared on the catalog line (e.g.
-        ``drop_params``, ``rename_params``) belong here, never in call sites.
-        Mutate ``body`` in place and return what was changed, in words
-        (``"dropped temperature"``): the caller sees it in
-        ``x-prism-params-adjusted``.
+        Per-family parameter rules belong here, never in call sites.  Mutate
+        ``body`` in place and return what was changed, in words (``"dropped
+        temperature"``): the caller sees it in ``x-prism-params-adjusted``.
+        The default applies the line's ``drop_params``/``rename_params``
+        (which the provider's plugin declares and checks with
+        :func:`check_param_rules`); override to add a family's own rules.
         """
-        return []
+        return normalise_params(body, *line_params(binding))
 
     @abc.abstractmethod
     async def send(
@@ -155,6 +160,36 @@ class HttpProvider(Provider):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def option_table(self, key: str) -> dict[str, str]:
+        """A ``{ name = "value" }`` option (extra headers, query parameters)."""
+        value = self.spec.options.get(key, {})
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise self.spec.error(key, "expected a table of string values")
+        return dict(value)
+
+    def secret_from_env(self, key: str = "api_key_env") -> str | None:
+        """The secret in the environment variable the option ``key`` names.
+
+        Read once, at start-up.  Unset is not fatal (local upstreams take no
+        key) but is said loudly; the value itself is never logged.
+        """
+        name = self.spec.options.get(key)
+        if name is None:
+            return None
+        if not isinstance(name, str) or not name:
+            raise self.spec.error(key, "expected the name of an environment variable")
+        value = os.environ.get(name, "")
+        if not value:
+            log.warning(
+                "%s: environment variable %s is not set; requests go without a key",
+                self.spec.where(key),
+                name,
+            )
+            return None
+        return value
 
     async def post(self, url: str, headers: Mapping[str, str], payload: bytes) -> UpstreamResponse:
         """POST ``payload`` and return once the response headers arrive."""

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import attrs
 import orjson
 from aiohttp import web
 
@@ -19,6 +21,8 @@ from .wire import openai as openai_wire
 from .wire import wire_for
 
 __all__ = ["relay", "relay_degraded"]
+
+log = logging.getLogger("prism")
 
 _STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -88,7 +92,20 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
 
 
 def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
-    return stream.usage or wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
+    """What the answer used: as reported, or, for a cut stream, at least what was delivered."""
+    estimate = wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
+    reported = stream.usage
+    if reported is None:
+        return estimate
+    if stream.done:
+        return reported
+    # Cut short: the report (e.g. Anthropic's message_start) predates most of the output.
+    return attrs.evolve(
+        reported,
+        input_tokens=reported.input_tokens or estimate.input_tokens,
+        output_tokens=max(reported.output_tokens, estimate.output_tokens),
+        estimated=True,
+    )
 
 
 async def _relay_stream(
@@ -101,16 +118,25 @@ async def _relay_stream(
     sent = dict(call.response_headers)
     try:
         await response.prepare(request)
+        broke: str | None = None
         try:
             async for batch in stream.batches():
                 await response.write(batch)
         except StreamBroken as broken:
+            broke = broken.reason
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            # Whatever went wrong mid-answer, the caller gets an explicit end.
+            log.exception("relay failed on %s", call.request_id)
+            broke = f"relay failed: {type(exc).__name__}"
+        if broke is not None:
             served.response.close()
             err = PrismError(
                 502,
                 "upstream_stream_broken",
                 f"the stream from {served.attempt.binding.id} broke after the answer started "
-                f"({broken.reason}); no other provider was spliced in",
+                f"({broke}); no other provider was spliced in",
                 type="api_error",
                 extra={"request_id": call.request_id},
             )

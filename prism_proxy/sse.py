@@ -12,13 +12,21 @@ class SSEBuffer:
     re-encoding.  CRLF line endings are normalised to LF.
     """
 
-    __slots__ = ("_pending",)
+    __slots__ = ("_cr", "_pending")
 
     def __init__(self) -> None:
         self._pending = b""
+        self._cr = False
 
     def feed(self, data: bytes) -> list[bytes]:
+        if self._cr:
+            data = b"\r" + data
+            self._cr = False
         if b"\r" in data:
+            if data.endswith(b"\r"):
+                # Its \n may be in the next read: decide then, not now.
+                data = data[:-1]
+                self._cr = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._pending + data if self._pending else data
         events = []
@@ -31,11 +39,6 @@ class SSEBuffer:
             start = end + 2
         self._pending = buf[start:]
         return events
-
-    @property
-    def leftover(self) -> bytes:
-        """Bytes of an event that never ended (the stream broke mid-event)."""
-        return self._pending
 
 
 def event_data(event: bytes) -> bytes | None:

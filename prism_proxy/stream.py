@@ -9,6 +9,7 @@ the same wire format, else through a stream translator.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,15 +29,11 @@ _READ_ERRORS = (aiohttp.ClientError, OSError)
 
 
 class StreamBroken(Exception):
-    """The upstream stream ended badly after the commit point.
+    """The upstream stream ended badly after the commit point."""
 
-    ``payload`` is the upstream's error event, if it sent one.
-    """
-
-    def __init__(self, reason: str, payload: Any = None) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.payload = payload
 
 
 class UpstreamStream:
@@ -48,6 +45,7 @@ class UpstreamStream:
         "delivered_chars",
         "done",
         "finished",
+        "idle_timeout",
         "pending",
         "response",
         "translator",
@@ -62,6 +60,7 @@ class UpstreamStream:
         wire: Wire,
         forward_usage: bool,
         translator: StreamTranslator | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         self.response = response
         self.wire = wire
@@ -77,6 +76,8 @@ class UpstreamStream:
         self.delivered_chars = 0
         self.finished = False
         self.done = False
+        #: After the commit point, the longest silence tolerated between reads.
+        self.idle_timeout = idle_timeout
 
     async def _fill(self) -> None:
         """Read from the network until at least one event is queued (StopAsyncIteration at EOF)."""
@@ -154,7 +155,7 @@ class UpstreamStream:
                     self.done = True
                     break
                 if kind is ChunkKind.ERROR:
-                    broken = StreamBroken("upstream sent an error event", payload)
+                    broken = StreamBroken("upstream sent an error event")
                     break
                 self._take(kind, payload, event, out)
             if out:
@@ -165,7 +166,10 @@ class UpstreamStream:
             if self.done:
                 return
             try:
-                await self._fill()
+                async with asyncio.timeout(self.idle_timeout):
+                    await self._fill()
+            except TimeoutError:
+                raise StreamBroken(f"upstream silent for {self.idle_timeout:g} s") from None
             except StopAsyncIteration:
                 if self.finished:
                     self.done = True

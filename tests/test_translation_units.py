@@ -97,7 +97,29 @@ def test_openai_request_to_anthropic():
         {"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
         {"type": "text", "text": "Thanks"},
     ]
-    assert adjusted == ["dropped stream_options"]
+    assert adjusted == []
+
+
+def test_parameters_the_translation_does_not_know_are_reported():
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 5,
+        "store": True,
+        "verbosity": "low",
+        "prompt_cache_key": "k",
+    }
+    _, adjusted = openai_to_anthropic(body, 1)
+    assert adjusted == ["dropped store", "dropped verbosity", "dropped prompt_cache_key"]
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 5,
+        "service_tier": "auto",
+        "context_management": {},
+    }
+    _, adjusted = anthropic_to_openai(body)
+    assert adjusted == ["dropped service_tier", "dropped context_management"]
 
 
 def test_missing_max_tokens_gets_the_providers_default_and_says_so():

@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from ..call import Attempt, Call, Outcome, UpstreamResult, Verdict
-from ..classification import find_permanent_marker, parse_retry_after
+from ..classification import find_permanent_marker, marker_code, parse_retry_after
 from ..config import Config
 from ..hookimpl import hookimpl
 
@@ -26,7 +26,7 @@ class DefaultClassify:
 
     @hookimpl
     def prism_configure(self, config: Config) -> None:
-        self.extra_markers = tuple(m.lower() for m in config.permanent_markers)
+        self.extra_markers = config.permanent_markers
 
     @hookimpl(trylast=True)
     def prism_classify(self, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
@@ -34,21 +34,26 @@ class DefaultClassify:
             return Verdict(Outcome.CANCELLED, "client went away")
         if result.timed_out:
             return Verdict(Outcome.TIMEOUT, "no first byte in time")
-        if result.status is None:
-            if result.stream_broken:
-                return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+        if result.error is not None:
+            # The answer broke off (a cut body, a reset): whatever status it had.
             return Verdict(Outcome.TRANSIENT, "connection failed")
+        if result.status is None:
+            return Verdict(Outcome.TRANSIENT, "no answer")
         status = result.status
+        if status == 200 and result.stream_broken:
+            return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
         if status == 200 and not _is_error_payload(result.json):
-            if result.stream_broken:
-                return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+            if not isinstance(result.json, dict):
+                # A proxy's HTML page or a truncated body is not an answer.
+                return Verdict(Outcome.TRANSIENT, "200 without a JSON answer")
             if _is_empty_completion(result.json):
                 return Verdict(Outcome.EMPTY, "empty content, finish_reason length")
             return Verdict(Outcome.OK)
         marker = find_permanent_marker(result.text_lower, self.extra_markers)
         if marker is not None:
-            code = "upstream_auth_failed" if "key" in marker else "upstream_quota_exhausted"
-            return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=code)
+            return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))
+        if status == 402:
+            return Verdict(Outcome.PERMANENT, "payment required", code="upstream_quota_exhausted")
         if status == 200:
             # An error event inside a 200 stream, before any content.
             return Verdict(Outcome.TRANSIENT, "error event before content")

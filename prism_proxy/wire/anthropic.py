@@ -110,14 +110,18 @@ def event_kind(data: bytes) -> tuple[ChunkKind, Any]:
     if not isinstance(payload, dict):
         return ChunkKind.ERROR, payload
     kind = payload.get("type")
-    if kind == "content_block_delta":
-        delta = payload.get("delta") or {}
-        empty = delta.get("type") == "text_delta" and not delta.get("text")
-        return (ChunkKind.PRELUDE if empty else ChunkKind.CONTENT), payload
-    if kind == "content_block_start":
-        block = payload.get("content_block") or {}
-        # A tool call's start already carries content (the tool's name).
-        return (ChunkKind.PRELUDE if block.get("type") == "text" else ChunkKind.CONTENT), payload
+    try:
+        if kind == "content_block_delta":
+            delta = payload.get("delta") or {}
+            empty = delta.get("type") == "text_delta" and not delta.get("text")
+            return (ChunkKind.PRELUDE if empty else ChunkKind.CONTENT), payload
+        if kind == "content_block_start":
+            block = payload.get("content_block") or {}
+            # A tool call's start already carries content (the tool's name).
+            is_text = block.get("type") == "text"
+            return (ChunkKind.PRELUDE if is_text else ChunkKind.CONTENT), payload
+    except AttributeError:
+        return ChunkKind.ERROR, payload  # not an event: members of the wrong shape
     if kind == "message_delta":
         return ChunkKind.CONTENT, payload
     if kind == "message_stop":
@@ -210,6 +214,7 @@ def message_body(message_id: str, model: str, text: str) -> dict[str, Any]:
 
 
 def sse(payload: dict[str, Any]) -> bytes:
+    """One Anthropic stream event: its type as the SSE event name, then the data."""
     return (
         b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
     )

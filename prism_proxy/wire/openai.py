@@ -146,19 +146,22 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     choices = payload.get("choices")
     if choices is None:
         return (ChunkKind.ERROR if "error" in payload else ChunkKind.PRELUDE), payload
-    if not choices:
-        return (ChunkKind.USAGE if payload.get("usage") else ChunkKind.PRELUDE), payload
-    for choice in choices:
-        if choice.get("finish_reason"):
-            return ChunkKind.CONTENT, payload
-        delta = choice.get("delta") or {}
-        if (
-            delta.get("content")
-            or delta.get("tool_calls")
-            or delta.get("refusal")
-            or delta.get("function_call")
-        ):
-            return ChunkKind.CONTENT, payload
+    try:
+        if not choices:
+            return (ChunkKind.USAGE if payload.get("usage") else ChunkKind.PRELUDE), payload
+        for choice in choices:
+            if choice.get("finish_reason"):
+                return ChunkKind.CONTENT, payload
+            delta = choice.get("delta") or {}
+            if (
+                delta.get("content")
+                or delta.get("tool_calls")
+                or delta.get("refusal")
+                or delta.get("function_call")
+            ):
+                return ChunkKind.CONTENT, payload
+    except (AttributeError, TypeError):
+        return ChunkKind.ERROR, payload  # not a chunk: members of the wrong shape
     return ChunkKind.PRELUDE, payload
 
 

@@ -33,8 +33,56 @@ _OPENAI_ONLY = {
     "web_search_options": "web search",
     "reasoning_effort": "reasoning_effort",
 }
-# OpenAI parameters that do not change the answer; dropped and reported.
-_OPENAI_DROPPABLE = ("store", "service_tier", "metadata", "stream_options", "modalities")
+# OpenAI parameters the translation carries over (or checks and refuses above).
+_OPENAI_HANDLED = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "stream",
+        "user",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "response_format",
+        "modalities",
+        # Usage always comes with an Anthropic stream: include_usage is honoured.
+        "stream_options",
+        *_OPENAI_ONLY,
+    }
+)
+# Anthropic parameters the translation carries over (or refuses).
+_ANTHROPIC_HANDLED = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "temperature",
+        "top_p",
+        "stop_sequences",
+        "stream",
+        "metadata",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "top_k",
+        "container",
+        "mcp_servers",
+    }
+)
+
+
+def _unhandled(body: dict[str, Any], handled: frozenset[str]) -> list[str]:
+    """Everything else is dropped, and said so: nothing leaves the request silently."""
+    return [f"dropped {key}" for key in body if key not in handled and body[key] is not None]
 
 
 def _image_source(url: str) -> dict[str, Any]:
@@ -174,9 +222,7 @@ def openai_to_anthropic(
     choice = _anthropic_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         out["tool_choice"] = choice
-    for key in _OPENAI_DROPPABLE:
-        if body.get(key) not in (None, False, {}):
-            adjusted.append(f"dropped {key}")
+    adjusted.extend(_unhandled(body, _OPENAI_HANDLED))
     return out, adjusted
 
 
@@ -346,4 +392,5 @@ def anthropic_to_openai(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]
         out_body["tool_choice"] = mapped
         if choice.get("disable_parallel_tool_use"):
             out_body["parallel_tool_calls"] = False
+    adjusted.extend(_unhandled(body, _ANTHROPIC_HANDLED))
     return out_body, adjusted

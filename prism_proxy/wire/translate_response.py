@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..call import Usage
+from .anthropic import sse
 from .events import ChunkKind
 
 __all__ = [
@@ -141,12 +142,6 @@ def anthropic_to_openai_body(payload: dict[str, Any], usage: Usage | None) -> di
     }
 
 
-def _sse_anthropic(payload: dict[str, Any]) -> bytes:
-    return (
-        b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-    )
-
-
 class OpenAIToAnthropicStream:
     """OpenAI chunks in, Anthropic stream events out."""
 
@@ -169,22 +164,20 @@ class OpenAIToAnthropicStream:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
-        return [_sse_anthropic({"type": "message_start", "message": message})]
+        return [sse({"type": "message_start", "message": message})]
 
     def _close(self) -> list[bytes]:
         if self.open_index is None:
             return []
         index, self.open_index = self.open_index, None
-        return [_sse_anthropic({"type": "content_block_stop", "index": index})]
+        return [sse({"type": "content_block_stop", "index": index})]
 
     def _open(self, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
         self.open_index = self.next_index
         self.next_index += 1
         out.append(
-            _sse_anthropic(
-                {"type": "content_block_start", "index": self.open_index, "content_block": block}
-            )
+            sse({"type": "content_block_start", "index": self.open_index, "content_block": block})
         )
         return out
 
@@ -199,7 +192,7 @@ class OpenAIToAnthropicStream:
                 if self.open_index is None or self.open_index in self.tool_blocks.values():
                     out += self._open({"type": "text", "text": ""})
                 out.append(
-                    _sse_anthropic(
+                    sse(
                         {
                             "type": "content_block_delta",
                             "index": self.open_index,
@@ -223,7 +216,7 @@ class OpenAIToAnthropicStream:
                     self.tool_blocks[position] = self.open_index
                 if function.get("arguments"):
                     out.append(
-                        _sse_anthropic(
+                        sse(
                             {
                                 "type": "content_block_delta",
                                 "index": self.tool_blocks[position],
@@ -244,7 +237,7 @@ class OpenAIToAnthropicStream:
         out = [] if self.started else self._start({})
         out += self._close()
         out.append(
-            _sse_anthropic(
+            sse(
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},

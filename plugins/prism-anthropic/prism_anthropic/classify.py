@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from prism_proxy import Outcome, UpstreamResult, Verdict, find_permanent_marker, parse_retry_after
+from prism_proxy import (
+    Outcome,
+    UpstreamResult,
+    Verdict,
+    find_permanent_marker,
+    marker_code,
+    parse_retry_after,
+)
 
 _AUTH = "upstream_auth_failed"
 _QUOTA = "upstream_quota_exhausted"
@@ -42,20 +49,21 @@ def classify_anthropic(
     result: UpstreamResult, extra_markers: tuple[str, ...] = ()
 ) -> Verdict | None:
     """A verdict for an Anthropic upstream result, or None to let the default decide."""
-    if result.status is None or result.timed_out:
-        return None
+    if result.status is None or result.timed_out or result.error is not None:
+        return None  # no answer to read: cancellation, timeout, a broken connection
     payload = result.json
     error_type = _error_type(payload)
     if result.status == 200 and error_type is None:
         if result.stream_broken:
             return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+        if not isinstance(payload, dict):
+            return Verdict(Outcome.TRANSIENT, "200 without a JSON answer")
         if _empty(payload):
             return Verdict(Outcome.EMPTY, "empty content, stop_reason max_tokens")
         return Verdict(Outcome.OK)
     marker = find_permanent_marker(result.text_lower, extra_markers)
     if marker is not None:
-        code = _AUTH if "key" in marker else _QUOTA
-        return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=code)
+        return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))
     retry_after = parse_retry_after(result.headers)
     if error_type == "overloaded_error" or result.status == 529:
         return Verdict(Outcome.TRANSIENT, "overloaded", retry_after)

@@ -44,5 +44,5 @@ def prism_classify(call: Call, attempt: Attempt, result: UpstreamResult) -> Verd
         return None
     markers: tuple[str, ...] = ()
     if call.request is not None:
-        markers = tuple(m.lower() for m in call.request.app[GATEWAY].config.permanent_markers)
+        markers = call.request.app[GATEWAY].config.permanent_markers
     return classify_anthropic(result, markers)

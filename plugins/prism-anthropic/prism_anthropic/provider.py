@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -16,11 +14,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
-    line_params,
-    normalise_params,
 )
-
-log = logging.getLogger("prism.anthropic")
 
 _OPTIONS = frozenset(
     {"base_url", "api_key_env", "anthropic_version", "beta", "headers", "default_max_tokens"}
@@ -64,35 +58,17 @@ class AnthropicProvider(HttpProvider):
             raise spec.error("beta", "expected a list of beta feature names")
         if beta:
             headers["anthropic-beta"] = ",".join(beta)
-        extra = spec.options.get("headers", {})
-        if not isinstance(extra, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
-        ):
-            raise spec.error("headers", "expected a table of string values")
-        headers.update(extra)
+        headers.update(self.option_table("headers"))
         max_tokens = spec.options.get("default_max_tokens", 4096)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise spec.error(
                 "default_max_tokens", f"expected a positive whole number, got {max_tokens!r}"
             )
         self.default_max_tokens = max_tokens
-        key_env = spec.options.get("api_key_env")
-        if key_env is not None:
-            if not isinstance(key_env, str) or not key_env:
-                raise spec.error("api_key_env", "expected the name of an environment variable")
-            key = os.environ.get(key_env, "")
-            if key:
-                headers["x-api-key"] = key
-            else:
-                log.warning(
-                    "%s: environment variable %s is not set; requests go without a key",
-                    spec.where("api_key_env"),
-                    key_env,
-                )
+        secret = self.secret_from_env()
+        if secret:
+            headers["x-api-key"] = secret
         self.headers: Mapping[str, str] = headers
-
-    def adjust(self, binding: Binding, body: dict[str, Any]) -> list[str]:
-        return normalise_params(body, *line_params(binding))
 
     async def send(
         self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
@@ -17,11 +15,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
-    line_params,
-    normalise_params,
 )
-
-log = logging.getLogger("prism.openai")
 
 _OPTIONS = frozenset({"base_url", "api_key_env", "auth", "headers", "query", "deployments"})
 _PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.EMBEDDINGS: "embeddings"}
@@ -54,28 +48,17 @@ class OpenAIProvider(HttpProvider):
         self.deployments = spec.options.get("deployments", False)
         if not isinstance(self.deployments, bool):
             raise spec.error("deployments", "expected true or false")
-        query = _string_table(spec, "query")
+        query = self.option_table("query")
         self.query = ("?" + urlencode(query)) if query else ""
-        headers = {"Content-Type": "application/json", **_string_table(spec, "headers")}
-        key_env = spec.options.get("api_key_env")
-        if key_env is not None:
-            if not isinstance(key_env, str) or not key_env:
-                raise spec.error("api_key_env", "expected the name of an environment variable")
-            key = os.environ.get(key_env, "")
-            auth = spec.options.get("auth", "bearer")
-            if auth not in ("bearer", "api-key"):
-                raise spec.error("auth", f"expected 'bearer' or 'api-key', got {auth!r}")
-            if not key:
-                # Optional by design: local upstreams (vLLM, Ollama, the fake) take no key.
-                log.warning(
-                    "%s: environment variable %s is not set; requests go without a key",
-                    spec.where("api_key_env"),
-                    key_env,
-                )
-            elif auth == "bearer":
-                headers["Authorization"] = f"Bearer {key}"
-            else:
-                headers["api-key"] = key
+        headers = {"Content-Type": "application/json", **self.option_table("headers")}
+        auth = spec.options.get("auth", "bearer")
+        if auth not in ("bearer", "api-key"):
+            raise spec.error("auth", f"expected 'bearer' or 'api-key', got {auth!r}")
+        secret = self.secret_from_env()
+        if secret and auth == "bearer":
+            headers["Authorization"] = f"Bearer {secret}"
+        elif secret:
+            headers["api-key"] = secret
         self.headers: Mapping[str, str] = headers
 
     def url(self, endpoint: Endpoint, binding: Binding) -> str:
@@ -83,9 +66,6 @@ class OpenAIProvider(HttpProvider):
         if self.deployments:
             return f"{self.base_url}/deployments/{binding.model}/{path}{self.query}"
         return f"{self.base_url}/{path}{self.query}"
-
-    def adjust(self, binding: Binding, body: dict[str, Any]) -> list[str]:
-        return normalise_params(body, *line_params(binding))
 
     async def send(
         self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]
@@ -96,12 +76,3 @@ class OpenAIProvider(HttpProvider):
             # relay forwards the usage chunk only to callers who asked for it.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return await self.post(self.url(endpoint, binding), self.headers, orjson.dumps(body))
-
-
-def _string_table(spec: ProviderSpec, key: str) -> dict[str, str]:
-    value = spec.options.get(key, {})
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise spec.error(key, "expected a table of string values")
-    return dict(value)
