@@ -166,6 +166,11 @@ class _Walk:
             remaining = self.deadline - gw.clock()
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
+            veto = gw.hook.prism_admit_attempt(call=call, binding=binding)
+            if veto is not None:
+                assert call.route is not None
+                call.route.notes.append(f"{binding.id} not tried: {veto}")
+                return None
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
             served, attempt, result = await _attempt(gw, call, binding, timeout, prepared)
             verdict = attempt.verdict

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
-    from .catalog import Catalog, CatalogKeys, ModelSpec
+    from .catalog import Binding, Catalog, CatalogKeys, ModelSpec
     from .commands import Commands
     from .config import Config
     from .providers import ProviderFactory
@@ -132,6 +132,20 @@ def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
     chosen route, e.g. a breaker skipping open bindings; record what you
     left out in ``route.skipped`` and why in ``route.notes``.  Synchronous and
     cheap: no I/O.  First result wins.
+    """
+
+
+@hookspec(firstresult=True)
+def prism_admit_attempt(call: Call, binding: Binding) -> str | None:
+    """May ``binding`` be tried now?  Return None to go ahead, or a reason to veto.
+
+    Called before every attempt: each binding's first try and each retry,
+    after ``prism_select_route`` chose the route, so it sees what happened
+    since (a breaker isolating a binding the previous try just killed, an
+    in-flight cap filled by concurrent calls).  A veto moves the dispatch to
+    the next binding without an attempt; the reason (a few words, no caller
+    data) goes into the attempt record.  Synchronous and cheap.  First
+    result wins.
     """
 
 

@@ -214,3 +214,30 @@ async def test_an_answer_that_cannot_be_recorded_is_withheld(
             async for _ in result:
                 pass
     assert "settlement_failed" in str(info.value.body) or info.value.code == "settlement_failed"
+
+
+class VetoSecondTry:
+    """Lets each binding be tried once; vetoes any retry."""
+
+    def __init__(self) -> None:
+        self.tried: set[str] = set()
+
+    @hookimpl
+    def prism_admit_attempt(self, call, binding):
+        if binding.id in self.tried:
+            return "veto: one try each"
+        self.tried.add(binding.id)
+        return None
+
+
+async def test_admit_attempt_can_veto_a_retry(prism_fake, prism_gateway, catalog):
+    gw = await prism_gateway(catalog, plugins=[(VetoSecondTry(), "veto")])
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="chat-a", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert prism_fake.hits("err500") == 1  # no retry of the failing binding
+    log = raw.headers["x-prism-attempt-log"]
+    assert log.startswith(
+        "note beta/up-beta-not-tried:-veto:-one-try-each; beta/up-beta transient 500"
+    )
+    assert raw.headers["x-prism-provider"] == "alpha"
