@@ -24,6 +24,7 @@ __all__ = [
     "Principal",
     "Route",
     "Settlement",
+    "Skip",
     "UpstreamResult",
     "Usage",
     "Verdict",
@@ -131,6 +132,19 @@ class Attempt:
         return self.elapsed_ms if self.status is not None and not self.error else None
 
 
+@attrs.frozen
+class Skip:
+    """A record entry that is not an attempt: a binding skipped or vetoed, or a note.
+
+    ``kind`` is ``skipped`` (left out when the route was walked), ``vetoed``
+    (refused by ``prism_admit_attempt`` just before an attempt) or ``note``.
+    """
+
+    kind: str
+    reason: str
+    binding: Binding | None = None
+
+
 @attrs.define
 class UpstreamResult:
     """What ``prism_classify`` looks at: status, headers and body, or the failure.
@@ -233,6 +247,8 @@ class Call:
     timeout_retry: bool = True
     route: Route | None = None
     attempts: list[Attempt] = attrs.field(factory=list)
+    #: Everything dispatch did, in order: attempts, skips, vetoes and notes.
+    record: list[Attempt | Skip] = attrs.field(factory=list)
     served: Attempt | None = None
     response_headers: dict[str, str] = attrs.field(factory=dict)
     extensions: dict[str, Any] = attrs.field(factory=dict)
@@ -243,4 +259,5 @@ class Call:
             number=len(self.attempts) + 1, binding=binding, id=new_id("att_"), started_at=now
         )
         self.attempts.append(attempt)
+        self.record.append(attempt)
         return attempt

@@ -27,7 +27,7 @@ import aiohttp
 import attrs
 
 from .backoff import Backoff
-from .call import Attempt, Call, Endpoint, Outcome, Route, UpstreamResult, Verdict
+from .call import Attempt, Call, Endpoint, Outcome, Route, Skip, UpstreamResult, Verdict
 from .catalog import Binding, ModelSpec
 from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
@@ -103,9 +103,9 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
                 route: Route | None = gw.hook.prism_select_route(call=call, model=fallback)
                 if route is None:
                     continue
-                call.route.notes.append(f"cross-tier fallback to {name} (tier {fallback.tier})")
-                call.route.notes.extend(route.notes)
-                call.route.skipped.extend(route.skipped)
+                call.record.append(
+                    Skip("note", f"cross-tier fallback to {name} (tier {fallback.tier})")
+                )
                 call.response_headers["x-prism-fallback"] = "cross-tier"
                 served = await walk.route(route, fallback)
                 if served is not None:
@@ -133,6 +133,9 @@ class _Walk:
     incompatible: list[tuple[str, str]] = attrs.field(factory=list)
 
     async def route(self, route: Route, model: ModelSpec) -> Served | None:
+        record = self.call.record
+        record.extend(Skip("skipped", reason, binding) for binding, reason in route.skipped)
+        record.extend(Skip("note", note) for note in route.notes)
         # Compatibility is settled for the whole route before its first attempt.
         ready = []
         for binding in route.bindings:
@@ -141,10 +144,9 @@ class _Walk:
                     (binding, prepare(self.call, binding, self.gw.providers[binding.provider]))
                 )
             except Untranslatable as why:
-                assert self.call.route is not None
                 # Reasons may quote the caller's input: bounded, they fit a header.
                 reason = str(why)[:120]
-                self.call.route.skipped.append((binding, f"cannot express {reason}"))
+                record.append(Skip("skipped", f"cannot express {reason}", binding))
                 self.incompatible.append((binding.id, reason))
         for binding, prepared in ready:
             served = await self.binding(binding, model, prepared)
@@ -168,8 +170,7 @@ class _Walk:
                 raise _BudgetSpent
             veto = gw.hook.prism_admit_attempt(call=call, binding=binding)
             if veto is not None:
-                assert call.route is not None
-                call.route.notes.append(f"{binding.id} not tried: {veto}")
+                call.record.append(Skip("vetoed", veto, binding))
                 return None
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
             served, attempt, result = await _attempt(gw, call, binding, timeout, prepared)

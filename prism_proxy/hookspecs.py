@@ -7,8 +7,8 @@ in the module (or object) your ``prism_proxy`` entry point names.  Only the
 arguments you list are passed to you.
 
 Decision hooks (``prism_authenticate``, ``prism_select_route``,
-``prism_classify``) are synchronous: pluggy cannot await, and an ``async def``
-implementation would break ``firstresult``.  Do I/O in a background task
+``prism_admit_attempt``, ``prism_classify``) are synchronous: pluggy cannot
+await, and an ``async def`` implementation would break ``firstresult``.  Do I/O in a background task
 started from ``prism_app_setup`` and read its results from memory.  Effect
 hooks (``prism_on_attempt``, ``prism_settle``) may return an awaitable, which
 the core awaits as their docstrings say.

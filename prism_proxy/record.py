@@ -4,25 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from .call import Call
+from .call import Call, Skip
 
 __all__ = ["attempt_log", "attempt_record", "prism_headers"]
 
 
 def attempt_record(call: Call) -> list[dict[str, Any]]:
-    """Every attempt and every binding skipped before dispatch, in order, as JSON-ready dicts."""
+    """Everything dispatch did, in order, as JSON-ready dicts (the error body's ``attempts``)."""
     record: list[dict[str, Any]] = []
-    if call.route is not None:
-        for binding, reason in call.route.skipped:
-            record.append({"binding": binding.id, "outcome": "skipped", "reason": reason})
-    for attempt in call.attempts:
-        verdict = attempt.verdict
+    for entry in call.record:
+        if isinstance(entry, Skip):
+            item = {"outcome": entry.kind, "reason": entry.reason}
+            if entry.binding is not None:
+                item["binding"] = entry.binding.id
+            record.append(item)
+            continue
+        verdict = entry.verdict
         record.append(
             {
-                "binding": attempt.binding.id,
+                "binding": entry.binding.id,
                 "outcome": str(verdict.outcome) if verdict else "pending",
-                "status": attempt.status,
-                "ms": round(attempt.elapsed_ms),
+                "status": entry.status,
+                "ms": round(entry.elapsed_ms),
                 "reason": verdict.reason if verdict else "",
             }
         )
@@ -30,17 +33,23 @@ def attempt_record(call: Call) -> list[dict[str, Any]]:
 
 
 def attempt_log(call: Call) -> str:
-    """Compact one-line record: ``binding outcome status ms`` entries joined by ``; ``."""
+    """Compact one-line record, in order, entries joined by ``; ``.
+
+    An attempt is ``binding outcome status ms``; a binding left out is
+    ``binding skipped reason`` or ``binding vetoed reason``; a note is
+    ``note text`` (words joined by ``-`` so each entry splits on spaces).
+    """
     parts = []
-    if call.route is not None:
-        for binding, reason in call.route.skipped:
-            parts.append(f"{binding.id} skipped {_token(reason)}")
-        for note in call.route.notes:
-            parts.append(f"note {_token(note)}")
-    for attempt in call.attempts:
-        outcome = attempt.verdict.outcome if attempt.verdict else "pending"
-        status = attempt.status if attempt.status is not None else "-"
-        parts.append(f"{attempt.binding.id} {outcome} {status} {round(attempt.elapsed_ms)}ms")
+    for entry in call.record:
+        if isinstance(entry, Skip):
+            if entry.binding is None:
+                parts.append(f"note {_token(entry.reason)}")
+            else:
+                parts.append(f"{entry.binding.id} {entry.kind} {_token(entry.reason)}")
+            continue
+        outcome = entry.verdict.outcome if entry.verdict else "pending"
+        status = entry.status if entry.status is not None else "-"
+        parts.append(f"{entry.binding.id} {outcome} {status} {round(entry.elapsed_ms)}ms")
     return _header_safe("; ".join(parts))
 
 
@@ -54,7 +63,7 @@ def prism_headers(call: Call) -> dict[str, str]:
         if last.params_adjusted:
             headers["x-prism-params-adjusted"] = _header_safe("; ".join(last.params_adjusted))
     headers["x-prism-attempts"] = str(len(call.attempts))
-    if call.attempts or (call.route is not None and (call.route.skipped or call.route.notes)):
+    if call.record:
         headers["x-prism-attempt-log"] = attempt_log(call)
     if call.route is not None and call.route.name != "default":
         headers["x-prism-route"] = _header_safe(call.route.name)

@@ -237,7 +237,7 @@ async def test_admit_attempt_can_veto_a_retry(prism_fake, prism_gateway, catalog
     )
     assert prism_fake.hits("err500") == 1  # no retry of the failing binding
     log = raw.headers["x-prism-attempt-log"]
-    assert log.startswith(
-        "note beta/up-beta-not-tried:-veto:-one-try-each; beta/up-beta transient 500"
-    )
+    # In order: the attempt, then the veto of its retry, then the next binding.
+    assert log.startswith("beta/up-beta transient 500 ")
+    assert "; beta/up-beta vetoed veto:-one-try-each; alpha/up-alpha ok 200 " in log
     assert raw.headers["x-prism-provider"] == "alpha"

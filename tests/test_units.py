@@ -6,7 +6,7 @@ import email.utils
 
 import pytest
 
-from prism_proxy import Attempt, Binding, Call, Endpoint, Outcome, Route, UpstreamResult
+from prism_proxy import Attempt, Binding, Call, Endpoint, Outcome, Skip, UpstreamResult
 from prism_proxy.classification import find_permanent_marker, parse_retry_after
 from prism_proxy.defaults.classify import DefaultClassify
 from prism_proxy.record import attempt_log, prism_headers
@@ -113,9 +113,7 @@ def test_classification_of_failures_without_a_response():
 
 def test_attempt_log_and_headers_are_single_latin1_lines():
     call = _call()
-    call.route = Route(
-        bindings=(), skipped=[(Binding("p", "m"), "breaker open")], notes=["stood down"]
-    )
+    call.record += [Skip("skipped", "breaker open", Binding("p", "m")), Skip("note", "stood down")]
     attempt = call.new_attempt(Binding("p\n", "modèle✓"), 0.0)
     attempt.elapsed_ms = 12.4
     attempt.status = 500

@@ -1,0 +1,28 @@
+"""prism-breaker: per-binding breakers and a persisted recovery state machine."""
+
+from .machine import Admission, Machine, Observation, Snapshot, State, Transition
+from .overrides import Override, OverrideError
+from .runtime import BREAKER, HEADER, Breaker
+from .settings import Settings
+from .sqlite_store import SqliteStore
+from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
+
+__all__ = [
+    "BREAKER",
+    "HEADER",
+    "Admission",
+    "AuditEntry",
+    "BindingRecord",
+    "Breaker",
+    "BreakerStore",
+    "Machine",
+    "Observation",
+    "Override",
+    "OverrideError",
+    "Settings",
+    "Snapshot",
+    "SqliteStore",
+    "State",
+    "StoredTransition",
+    "Transition",
+]

@@ -1,0 +1,470 @@
+"""The per-binding recovery state machine: pure, in memory, driven by an explicit ``now``.
+
+eligible -> suspect -> isolated -> trial -> eligible, with hysteresis: a
+trip needs one policy's evidence; restoring needs ``trial_min_successes``
+trial successes over at least ``trial_min_duration_s`` and no trial
+failure.  Nothing here reads a clock or does I/O: the plugin passes the
+gateway's clock value in, which is what lets tests drive time exactly.
+Every transition is appended to :attr:`Machine.outbox` for the store.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from collections import Counter
+from typing import Any
+
+import attrs
+
+from prism_proxy import Outcome
+
+from .settings import Settings
+from .trackers import ErrorWindow, LatencyTrack, Slowness
+
+__all__ = [
+    "COUNTED_FAILURES",
+    "Admission",
+    "BindingHealth",
+    "Machine",
+    "Observation",
+    "Snapshot",
+    "State",
+    "Transition",
+]
+
+
+class State(enum.StrEnum):
+    ELIGIBLE = "eligible"
+    SUSPECT = "suspect"
+    ISOLATED = "isolated"
+    TRIAL = "trial"
+
+
+#: Failures that count against a binding.  ``broken_stream`` is a stream that
+#: broke before its first content: the binding failed to start an answer,
+#: exactly like a 5xx.  Rate limits (the route is alive), request errors (the
+#: caller's fault), empty completions and cancellations never count.
+COUNTED_FAILURES = frozenset(
+    {Outcome.TRANSIENT, Outcome.TIMEOUT, Outcome.PERMANENT, Outcome.BROKEN_STREAM}
+)
+STREAM, BODY = "stream", "body"
+
+
+@attrs.frozen
+class Observation:
+    """One classified attempt, as the machine needs it (no body text, no prompt)."""
+
+    outcome: Outcome
+    #: The binding's revision when the attempt started (its identity in time).
+    revision: int
+    reason: str = ""
+    status: int | None = None
+    attempt_id: str = ""
+    streaming: bool = False
+    first_byte_ms: float | None = None
+
+
+@attrs.frozen
+class Snapshot:
+    """What must survive a restart; times are on the machine's (monotonic) clock."""
+
+    binding: str
+    state: State
+    cause: str
+    since: float
+    revision: int
+    isolated_revision: int
+    step: int
+    isolated_until: float | None
+    restored_at: float | None
+    trial_since: float | None
+
+
+@attrs.frozen
+class Transition:
+    binding: str
+    from_state: State
+    to_state: State
+    cause: str
+    #: The evidence at the moment of the decision (counts, rates, latency; no payloads).
+    evidence: dict[str, Any]
+    revision: int
+    at: float
+    snapshot: Snapshot
+
+
+@attrs.frozen
+class Admission:
+    admitted: bool
+    reason: str = ""
+    #: Set when the caller was handed the binding's trial slot; release it when done.
+    trial_token: int | None = None
+
+
+ADMITTED = Admission(True)
+
+
+@attrs.define(eq=False)
+class BindingHealth:
+    binding: str
+    since: float
+    errors: ErrorWindow
+    latency: dict[str, LatencyTrack]
+    state: State = State.ELIGIBLE
+    cause: str = "no evidence yet"
+    revision: int = 0
+    #: Revision of the latest isolation: attempts started before it are never evidence.
+    isolated_revision: int = 0
+    trial_revision: int = 0
+    #: Backoff step of the current series of trips (-1: never tripped).
+    step: int = -1
+    isolated_until: float | None = None
+    restored_at: float | None = None
+    trial_since: float | None = None
+    trial_successes: int = 0
+    next_slot_at: float = 0.0
+    #: Trial slots handed out: token -> when the slot is reclaimed if never released.
+    leases: dict[int, float] = attrs.field(factory=dict)
+    consecutive: int = 0
+    counts: Counter[str] = attrs.field(factory=Counter)
+    #: Completions ignored because they started before the latest isolation or trial.
+    stale: int = 0
+    #: Attempts in flight (maintained by the plugin: it sees starts and ends).
+    in_flight: int = 0
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            binding=self.binding,
+            state=self.state,
+            cause=self.cause,
+            since=self.since,
+            revision=self.revision,
+            isolated_revision=self.isolated_revision,
+            step=self.step,
+            isolated_until=self.isolated_until,
+            restored_at=self.restored_at,
+            trial_since=self.trial_since,
+        )
+
+
+class Machine:
+    """Every binding's state, the policies that move it, and the trial slot."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.bindings: dict[str, BindingHealth] = {}
+        self.outbox: list[Transition] = []
+        self._tokens = itertools.count(1)
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, key: str, now: float) -> BindingHealth:
+        found = self.bindings.get(key)
+        if found is None:
+            s = self.settings
+            found = BindingHealth(
+                binding=key,
+                since=now,
+                errors=ErrorWindow(s.error_rate_window_s),
+                latency={
+                    kind: LatencyTrack(s.latency_factor, s.latency_window_s, s.latency_min_samples)
+                    for kind in (STREAM, BODY)
+                },
+            )
+            self.bindings[key] = found
+        return found
+
+    def tick(self, key: str, now: float) -> BindingHealth:
+        """The binding, after moving it to trial if its isolation window has ended."""
+        b = self.get(key, now)
+        if b.state is State.ISOLATED and (b.isolated_until is None or now >= b.isolated_until):
+            evidence = self.evidence(b, now)
+            self._move(b, State.TRIAL, "isolation window ended", now, evidence)
+            b.trial_revision = b.revision
+            b.trial_since = now
+            b.trial_successes = 0
+            b.leases.clear()
+            b.next_slot_at = now
+        return b
+
+    def assessment(self, b: BindingHealth, now: float) -> str:
+        """healthy, uncertain (too little evidence), suspect, or unavailable."""
+        if b.state is State.ISOLATED:
+            return "unavailable"
+        if b.state is State.SUSPECT:
+            return "suspect"
+        if b.state is State.TRIAL:
+            return "uncertain"  # still collecting the evidence restoration needs
+        b.errors.prune(now)
+        if b.errors.calls < self.settings.error_rate_min_calls:
+            return "uncertain"
+        return "healthy"
+
+    def evidence(
+        self, b: BindingHealth, now: float, obs: Observation | None = None
+    ) -> dict[str, Any]:
+        b.errors.prune(now)
+        evidence: dict[str, Any] = {
+            "consecutive_failures": b.consecutive,
+            "window_s": self.settings.error_rate_window_s,
+            "window_calls": b.errors.calls,
+            "window_failures": b.errors.failures,
+            "error_rate": round(b.errors.rate, 4),
+        }
+        for kind, track in b.latency.items():
+            median = track.median()
+            if median is not None or track.slow_since is not None:
+                evidence[f"{kind}_median_ms"] = None if median is None else round(median, 1)
+                evidence[f"{kind}_slow_for_s"] = round(track.slow_for(now), 1)
+                evidence[f"{kind}_slow_samples"] = track.slow_count
+        if b.state is State.TRIAL:
+            evidence["trial_successes"] = b.trial_successes
+            evidence["trial_for_s"] = round(now - (b.trial_since or now), 1)
+        if obs is not None:
+            # Which attempt decided, and the revision it started under.
+            evidence["attempt"] = {
+                "id": obs.attempt_id,
+                "revision": obs.revision,
+                "outcome": str(obs.outcome),
+                "status": obs.status,
+                "first_byte_ms": None if obs.first_byte_ms is None else round(obs.first_byte_ms),
+            }
+        return evidence
+
+    # -- routing -------------------------------------------------------------
+
+    def admit(self, key: str, now: float) -> Admission:
+        """May an ordinary call use this binding now?  Hands out the trial slot.
+
+        The slot goes to one caller at a time (``trial_max_in_flight``), and
+        the next one opens no sooner than ``trial_spacing_s`` later: the
+        window moves the moment the slot is handed out, so a burst of
+        concurrent callers cannot all land on a binding that is still dead.
+        """
+        b = self.tick(key, now)
+        if b.state in (State.ELIGIBLE, State.SUSPECT):
+            return ADMITTED
+        if b.state is State.ISOLATED:
+            return Admission(False, "breaker: isolated")
+        for token, until in list(b.leases.items()):
+            if until <= now:
+                del b.leases[token]
+        if len(b.leases) >= self.settings.trial_max_in_flight or now < b.next_slot_at:
+            return Admission(False, "breaker: trial in progress")
+        token = next(self._tokens)
+        b.leases[token] = now + self.settings.trial_lease_s
+        b.next_slot_at = now + self.settings.trial_spacing_s
+        return Admission(True, trial_token=token)
+
+    def release(self, key: str, token: int) -> None:
+        b = self.bindings.get(key)
+        if b is not None:
+            b.leases.pop(token, None)
+
+    # -- evidence ------------------------------------------------------------
+
+    def observe(self, key: str, obs: Observation, now: float) -> Transition | None:
+        """Apply one classified attempt; returns the transition it caused, if any."""
+        b = self.tick(key, now)
+        b.counts[str(obs.outcome)] += 1
+        failed = obs.outcome in COUNTED_FAILURES
+        if not failed and obs.outcome is not Outcome.OK:
+            return None  # rate limits, request errors, empties, cancellations never count
+        if obs.revision < b.isolated_revision:
+            b.stale += 1  # started before the latest isolation: not evidence of anything now
+            return None
+        if b.state is State.ISOLATED:
+            return None  # stand-down traffic: the window, not this answer, decides
+        if b.state is State.TRIAL:
+            return self._observe_trial(b, obs, failed, now)
+        return self._observe_open(b, obs, failed, now)
+
+    def _observe_open(
+        self, b: BindingHealth, obs: Observation, failed: bool, now: float
+    ) -> Transition | None:
+        s = self.settings
+        b.errors.add(now, failed)
+        if failed:
+            b.consecutive += 1
+            if obs.outcome is Outcome.PERMANENT:
+                return self._isolate(b, f"permanent failure: {_why(obs)}", now, obs)
+            if "consecutive" in s.policies and b.consecutive >= s.consecutive_failures:
+                return self._isolate(
+                    b, f"{b.consecutive} consecutive failures ({_why(obs)})", now, obs
+                )
+            if (
+                "error_rate" in s.policies
+                and b.errors.calls >= s.error_rate_min_calls
+                and b.errors.rate > s.error_rate
+            ):
+                return self._isolate(
+                    b,
+                    f"error rate {b.errors.rate:.0%} over {s.error_rate_window_s:g} s "
+                    f"({b.errors.failures}/{b.errors.calls})",
+                    now,
+                    obs,
+                )
+        else:
+            b.consecutive = 0
+            kind, slowness = self._latency(b, obs, now)
+            track = b.latency[kind]
+            if (
+                slowness is Slowness.SLOW
+                and "latency" in s.policies
+                and self._judged(kind)
+                and track.slow_count >= s.latency_min_slow
+                and track.slow_for(now) >= s.latency_sustain_s
+            ):
+                median = track.median() or 0.0
+                return self._isolate(
+                    b,
+                    f"{kind} first-byte latency over {s.latency_factor:g}x its median "
+                    f"({median:.0f} ms) for {track.slow_for(now):.0f} s",
+                    now,
+                    obs,
+                )
+        return self._suspicion(b, now)
+
+    def _observe_trial(
+        self, b: BindingHealth, obs: Observation, failed: bool, now: float
+    ) -> Transition | None:
+        s = self.settings
+        if obs.revision < b.trial_revision:
+            b.stale += 1  # started while isolated (stand-down): not trial evidence
+            return None
+        if failed:
+            return self._isolate(b, f"trial failed: {_why(obs)}", now, obs)
+        kind, slowness = self._latency(b, obs, now)
+        if slowness is Slowness.SLOW and "latency" in s.policies and self._judged(kind):
+            median = b.latency[kind].median() or 0.0
+            return self._isolate(
+                b, f"trial too slow: {obs.first_byte_ms:.0f} ms vs median {median:.0f} ms", now, obs
+            )
+        b.trial_successes += 1
+        trial_for = now - (b.trial_since if b.trial_since is not None else now)
+        if b.trial_successes >= s.trial_min_successes and trial_for >= s.trial_min_duration_s:
+            cause = f"trial passed: {b.trial_successes} successes over {trial_for:.0f} s"
+            transition = self._move(b, State.ELIGIBLE, cause, now, self.evidence(b, now, obs))
+            b.restored_at = now
+            b.trial_since = None
+            b.trial_successes = 0
+            b.leases.clear()
+            b.isolated_until = None
+            b.consecutive = 0
+            b.errors.clear()
+            for track in b.latency.values():
+                track.reset_run()
+            return transition
+        return None
+
+    def _latency(
+        self, b: BindingHealth, obs: Observation, now: float
+    ) -> tuple[str, Slowness | None]:
+        kind = STREAM if obs.streaming else BODY
+        if obs.first_byte_ms is None:
+            return kind, None
+        return kind, b.latency[kind].observe(now, obs.first_byte_ms)
+
+    def _judged(self, kind: str) -> bool:
+        return kind == STREAM or self.settings.latency_whole_body
+
+    def _suspicion(self, b: BindingHealth, now: float) -> Transition | None:
+        """eligible <-> suspect: some policy is at least half-way to a trip."""
+        s = self.settings
+        reasons = []
+        if "consecutive" in s.policies and s.consecutive_failures > 1:
+            if b.consecutive >= math.ceil(s.consecutive_failures / 2):
+                reasons.append(f"{b.consecutive} consecutive failures")
+        if (
+            "error_rate" in s.policies
+            and b.errors.calls >= math.ceil(s.error_rate_min_calls / 2)
+            and b.errors.rate > s.error_rate
+        ):
+            reasons.append(f"error rate {b.errors.rate:.0%} on {b.errors.calls} calls")
+        if "latency" in s.policies:
+            for kind, track in b.latency.items():
+                if self._judged(kind) and track.slow_since is not None:
+                    reasons.append(f"{kind} latency slow for {track.slow_for(now):.0f} s")
+        if reasons and b.state is State.ELIGIBLE:
+            return self._move(b, State.SUSPECT, "; ".join(reasons), now, self.evidence(b, now))
+        if not reasons and b.state is State.SUSPECT:
+            return self._move(b, State.ELIGIBLE, "evidence cleared", now, self.evidence(b, now))
+        return None
+
+    def _isolate(self, b: BindingHealth, cause: str, now: float, obs: Observation) -> Transition:
+        s = self.settings
+        if b.state is State.TRIAL:
+            step = b.step + 1
+        elif b.step < 0 or b.restored_at is None or now - b.restored_at >= s.isolation_max_s:
+            step = 0  # a first trip, or the first after a long quiet spell
+        else:
+            step = b.step + 1
+        duration = min(s.isolation_s * 2 ** min(step, 30), s.isolation_max_s)
+        evidence = self.evidence(b, now, obs)
+        evidence["isolation_s"] = duration
+        b.step = step
+        b.isolated_until = now + duration
+        b.next_slot_at = b.isolated_until
+        b.trial_since = None
+        b.trial_successes = 0
+        b.leases.clear()
+        b.consecutive = 0
+        b.errors.clear()
+        for track in b.latency.values():
+            track.reset_run()
+        b.isolated_revision = b.revision + 1  # the revision _move is about to assign
+        return self._move(b, State.ISOLATED, cause, now, evidence)
+
+    def _move(
+        self, b: BindingHealth, to: State, cause: str, now: float, evidence: dict[str, Any]
+    ) -> Transition:
+        from_state = b.state
+        b.state = to
+        b.cause = cause
+        b.since = now
+        b.revision += 1
+        transition = Transition(
+            binding=b.binding,
+            from_state=from_state,
+            to_state=to,
+            cause=cause,
+            evidence=evidence,
+            revision=b.revision,
+            at=now,
+            snapshot=b.snapshot(),
+        )
+        self.outbox.append(transition)
+        return transition
+
+    # -- restart -------------------------------------------------------------
+
+    def restore(self, snap: Snapshot, now: float) -> None:
+        """Load a persisted binding: isolated stays isolated, trial resumes as trial.
+
+        Trial evidence gathered before the restart is not carried over (it
+        lived in memory); the trial starts its observation period again.
+        """
+        b = self.get(snap.binding, now)
+        b.state = snap.state
+        b.cause = snap.cause
+        b.since = snap.since
+        b.revision = snap.revision
+        b.isolated_revision = snap.isolated_revision
+        b.step = snap.step
+        b.isolated_until = snap.isolated_until
+        b.restored_at = snap.restored_at
+        if snap.state is State.ISOLATED:
+            b.next_slot_at = snap.isolated_until if snap.isolated_until is not None else now
+        elif snap.state is State.TRIAL:
+            b.trial_revision = snap.revision
+            b.trial_since = now
+            b.trial_successes = 0
+            b.next_slot_at = now
+
+
+def _why(obs: Observation) -> str:
+    status = f" {obs.status}" if obs.status is not None else ""
+    reason = f": {obs.reason}" if obs.reason else ""
+    return f"{obs.outcome}{status}{reason}"

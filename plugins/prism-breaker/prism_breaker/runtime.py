@@ -1,0 +1,582 @@
+"""One gateway's breaker: the machine, the overrides, the store writer, and the hook logic.
+
+Lives on the app under :data:`BREAKER` (never in a module global), so every
+app -- every test gateway -- has its own state.  The hooks only touch
+memory; transitions queue in the machine's outbox and a background task
+writes them, and re-reads overrides other writers made, off the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from prism_proxy import (
+    Attempt,
+    Binding,
+    Call,
+    Catalog,
+    Outcome,
+    Route,
+    Settlement,
+    Verdict,
+)
+
+from .machine import Machine, Observation, Snapshot, State, Transition
+from .overrides import Override, OverrideBook, check_target, iso
+from .settings import Settings
+from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
+
+__all__ = ["BREAKER", "HEADER", "Breaker", "WallClock"]
+
+log = logging.getLogger("prism.breaker")
+
+HEADER = "x-prism-breaker"
+#: Transitions kept for the store while it is failing, before the oldest are dropped.
+MAX_PENDING = 10_000
+#: How long shutdown waits for the state store to finish its writes.
+STOP_TIMEOUT_S = 10.0
+
+
+@attrs.define(eq=False)
+class WallClock:
+    """Wall-clock times derived from the gateway's (monotonic, injectable) clock.
+
+    Anchored once, so a test's injected clock moves persisted and reported
+    times too, and an isolation window survives a restart as a wall time.
+    """
+
+    mono: Callable[[], float]
+    mono_anchor: float
+    wall_anchor: float
+
+    @classmethod
+    def anchored(
+        cls, mono: Callable[[], float], wall: Callable[[], float] = time.time
+    ) -> WallClock:
+        return cls(mono, mono(), wall())
+
+    def now(self) -> float:
+        return self.at(self.mono())
+
+    def at(self, mono: float) -> float:
+        return self.wall_anchor + (mono - self.mono_anchor)
+
+    def mono_of(self, wall: float) -> float:
+        return self.mono_anchor + (wall - self.wall_anchor)
+
+
+@attrs.define(eq=False)
+class AttemptTag:
+    """``attempt.extensions["breaker"]``: who this attempt was, in the breaker's time."""
+
+    revision: int
+    state: str
+    trial_token: int | None
+    in_flight: bool = True
+
+
+@attrs.define(eq=False)
+class CallState:
+    """``call.extensions["breaker"]``: trial slots this call holds, and header marks."""
+
+    trials: dict[str, int] = attrs.field(factory=dict)
+    marks: list[str] = attrs.field(factory=list)
+    #: Bindings a stand-down chose to try although they were out: each gets one try.
+    stand_down: set[str] = attrs.field(factory=set)
+
+
+class Breaker:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        clock: Callable[[], float],
+        store: BreakerStore,
+        counters: collections.Counter[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.clock = clock
+        self.store = store
+        self.counters: collections.Counter[str] = (
+            counters if counters is not None else collections.Counter()
+        )
+        self.machine = Machine(settings)
+        self.overrides = OverrideBook()
+        self.wall = WallClock.anchored(clock)
+        self.last_store_error: str | None = None
+        self.dropped_transitions = 0
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._flush_lock = asyncio.Lock()
+        #: Transitions a failed write left behind, oldest first.
+        self._retry: list[Transition] = []
+        self._warned_overdue: set[str] = set()
+        self._used_by: dict[str, list[str]] = collections.defaultdict(list)
+        for model in catalog.models.values():
+            for binding in model.chain:
+                self._used_by[binding.id].append(model.name)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        """cleanup_ctx: load state before serving, write it until (and while) stopping."""
+        await self.store.open()
+        try:
+            self.load(await self.store.load_bindings(), await self.store.active_overrides())
+            self._stopping = False
+            task = asyncio.create_task(self._background(), name="prism-breaker")
+            try:
+                yield
+            finally:
+                # Stop between writes, never in the middle of one: a write cancelled
+                # while queued for the worker thread could land after a newer one.
+                self._stopping = True
+                self._wake.set()
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), STOP_TIMEOUT_S)
+                except TimeoutError:
+                    log.error("breaker: the state store did not finish writing in time")
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                else:
+                    await self.flush()
+        finally:
+            await self.store.close()
+
+    def load(self, records: list[BindingRecord], overrides: list[Override]) -> None:
+        now = self.clock()
+        for binding_id in self.catalog.bindings:
+            self.machine.get(binding_id, now)
+        for r in records:
+            if r.binding not in self.catalog.bindings:
+                continue  # left the catalog; its rows stay for the audit trail
+            self.machine.restore(self._snapshot_from(r), now)
+            if r.state != State.ELIGIBLE:
+                log.info("breaker: %s resumes as %s (%s)", r.binding, r.state, r.cause)
+        self.overrides.replace(overrides)
+
+    async def _background(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_refresh = loop.time()
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=max(0.0, next_refresh - loop.time())
+                )
+            self._wake.clear()
+            try:
+                await self.flush()
+                if self._stopping:
+                    return
+                if loop.time() >= next_refresh:
+                    next_refresh = loop.time() + self.settings.refresh_s
+                    await self.refresh()
+            except Exception as exc:  # the store failing must not stop routing
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self.last_store_error:  # once per distinct error, not per retry
+                    log.exception("breaker: state store failed; routing goes on from memory")
+                self.last_store_error = error
+                if not self._stopping:
+                    await asyncio.sleep(min(1.0, self.settings.refresh_s))
+
+    async def flush(self) -> None:
+        """Write queued transitions; on failure keep them (bounded) for the next try."""
+        async with self._flush_lock:
+            fresh, self.machine.outbox = self.machine.outbox, []
+            batch, self._retry = self._retry + fresh, []
+            if not batch:
+                return
+            for t in fresh:  # logged once, even if the store makes us retry
+                log.log(
+                    logging.WARNING if t.to_state is State.ISOLATED else logging.INFO,
+                    "breaker: %s %s -> %s (revision %d): %s",
+                    t.binding,
+                    t.from_state,
+                    t.to_state,
+                    t.revision,
+                    t.cause,
+                )
+            try:
+                await self.store.record_transitions([self._stored(t) for t in batch])
+            except Exception:
+                overflow = max(0, len(batch) - MAX_PENDING)
+                self.dropped_transitions += overflow
+                self._retry = batch[overflow:]
+                raise
+            self.last_store_error = None
+
+    async def refresh(self) -> None:
+        """Pick up overrides written elsewhere, move ended isolations to trial, end expired
+        caps and warn about overrides past their review time."""
+        if await self.store.changed():
+            self.overrides.replace(await self.store.active_overrides())
+        now = self.clock()
+        for key in list(self.machine.bindings):
+            # Record window ends as they happen, not only when traffic comes by.
+            self.machine.tick(key, now)
+        wall_now = self.wall.at(now)
+        for override in self.overrides.expired(wall_now):
+            entry = self._override_audit(override, "expire", "breaker", "cap expired", wall_now)
+            await self.store.end_override(override.id, entry)
+            self.overrides.remove(override.id)
+            log.info("breaker: %s on %s expired", override.describe(), _subject(override))
+        for override in self.overrides.overdue(wall_now):
+            if override.id not in self._warned_overdue:
+                self._warned_overdue.add(override.id)
+                log.warning(
+                    "breaker: %s on %s (owner %s) is past its review time %s",
+                    override.describe(),
+                    _subject(override),
+                    override.owner,
+                    iso(override.review_by),
+                )
+
+    # -- hooks -----------------------------------------------------------------
+
+    def select(self, call: Call, route: Route) -> None:
+        """Filter ``route`` in place: skip what is out, stand down when everything is."""
+        now = self.clock()
+        wall_now = self.wall.at(now)
+        state = self._call_state(call)
+        decided: list[tuple[Binding, str | None, bool]] = []
+        for binding in route.bindings:
+            reason, hard, token = self._admit(binding, now, wall_now)
+            if token is not None:
+                state.trials[binding.id] = token
+            decided.append((binding, reason, hard))
+        if any(reason is None for _, reason, _ in decided):
+            route.bindings = tuple(b for b, reason, _ in decided if reason is None)
+            route.skipped.extend((b, reason) for b, reason, _ in decided if reason is not None)
+        elif any(not hard for _, _, hard in decided):
+            # Skipping every binding would turn an outage into a synthetic error with
+            # no upstream answer in it: try the chain in order instead.  Operator
+            # overrides still hold: a quarantine is not lifted by the breaker giving up.
+            route.bindings = tuple(b for b, _, hard in decided if not hard)
+            route.skipped.extend((b, reason) for b, reason, hard in decided if hard and reason)
+            route.notes.append("breaker: every binding is out; standing down, trying them all")
+            state.stand_down.update(b.id for b in route.bindings)
+            if "stand-down" not in state.marks:
+                state.marks.append("stand-down")
+            self.counters["breaker_stand_down"] += 1
+            call.response_headers[HEADER] = ", ".join(state.marks)
+        else:
+            route.bindings = ()
+            route.skipped.extend((b, reason) for b, reason, _ in decided if reason is not None)
+        if self.machine.outbox:
+            self._wake.set()
+
+    def _admit(
+        self, binding: Binding, now: float, wall_now: float
+    ) -> tuple[str | None, bool, int | None]:
+        """(why it is skipped or None, whether an operator override decided, trial token)."""
+        held = self._held_by_operator(binding, now, wall_now)
+        if held is not None:
+            return held, True, None
+        admission = self.machine.admit(binding.id, now)
+        if not admission.admitted:
+            return admission.reason, False, None
+        return None, False, admission.trial_token
+
+    def _held_by_operator(self, binding: Binding, now: float, wall_now: float) -> str | None:
+        """Why a quarantine or a full cap keeps ``binding`` out right now, or None."""
+        overrides = self.overrides.for_binding(binding, wall_now)
+        for o in overrides:
+            if o.kind == "quarantine":
+                return f"breaker: quarantined ({o.id})"
+        for o in overrides:
+            cap = o.max_in_flight or 0
+            if self.machine.get(binding.id, now).in_flight >= cap:
+                return f"breaker: cap {cap} reached ({o.id})"
+        return None
+
+    def admit_attempt(self, call: Call, binding: Binding) -> str | None:
+        """May this call try ``binding`` now (a first try or a retry)?  None, or why not.
+
+        The route was chosen before the call's earlier attempts ran; this sees
+        what happened since.  The dispatch loop starts the attempt right after
+        asking, without yielding to other calls, so a cap checked here is exact.
+        """
+        now = self.clock()
+        held = self._held_by_operator(binding, now, self.wall.at(now))
+        if held is not None:
+            return held  # overrides win, in a stand-down too
+        key = binding.id
+        state = self._call_state(call)
+        # Dispatch retries a binding straight after its failed attempt, with no other
+        # attempt in between: the call's last attempt being on it is what a retry is.
+        retry = bool(call.attempts) and call.attempts[-1].binding.id == key
+        if not retry:
+            if key in state.trials and self.machine.tick(key, now).state is State.TRIAL:
+                return None  # the trial slot reserved when the route was chosen
+            if key in state.stand_down:
+                return None  # a stand-down tries each binding once, whatever its state
+        stale = state.trials.pop(key, None)
+        if stale is not None:  # the trial it was reserved for has ended
+            self.machine.release(key, stale)
+        # The routing rule again, now: an isolated binding (the failure just before
+        # this retry may have isolated it, or a trial just failed) is not tried, and
+        # an attempt on a binding in trial needs a trial slot of its own.
+        admission = self.machine.admit(key, now)
+        if admission.trial_token is not None:
+            state.trials[key] = admission.trial_token
+        if self.machine.outbox:
+            self._wake.set()
+        return None if admission.admitted else admission.reason
+
+    def attempt_start(self, call: Call, attempt: Attempt) -> None:
+        key = attempt.binding.id
+        health = self.machine.tick(key, self.clock())
+        state = self._call_state(call)
+        token = state.trials.pop(key, None)
+        attempt.extensions["breaker"] = AttemptTag(health.revision, str(health.state), token)
+        health.in_flight += 1
+        if token is not None:
+            mark = f"trial {key}"
+            if mark not in state.marks:
+                state.marks.append(mark)
+            call.response_headers[HEADER] = ", ".join(state.marks)
+        if self.machine.outbox:
+            self._wake.set()
+
+    def on_attempt(self, call: Call, attempt: Attempt) -> None:
+        tag = attempt.extensions.get("breaker")
+        if not isinstance(tag, AttemptTag) or attempt.verdict is None:
+            return
+        key = attempt.binding.id
+        if attempt.verdict.outcome not in (Outcome.OK, Outcome.EMPTY):
+            # Failed attempts end here; a serving one stays in flight until settle.
+            self._end_attempt(key, tag)
+        self.machine.observe(
+            key, self._observation(call, attempt, attempt.verdict, tag), self.clock()
+        )
+        if self.machine.outbox:
+            self._wake.set()
+
+    def settle(self, call: Call, settlement: Settlement) -> None:
+        for attempt in call.attempts:
+            tag = attempt.extensions.get("breaker")
+            if isinstance(tag, AttemptTag):
+                self._end_attempt(attempt.binding.id, tag)
+        state = call.extensions.get("breaker")
+        if isinstance(state, CallState):
+            for key, token in state.trials.items():
+                self.machine.release(key, token)  # reserved but never reached
+            state.trials.clear()
+
+    def _end_attempt(self, key: str, tag: AttemptTag) -> None:
+        if tag.in_flight:
+            tag.in_flight = False
+            self.machine.get(key, self.clock()).in_flight -= 1
+        if tag.trial_token is not None:
+            self.machine.release(key, tag.trial_token)
+            tag.trial_token = None
+
+    @staticmethod
+    def _observation(
+        call: Call, attempt: Attempt, verdict: Verdict, tag: AttemptTag
+    ) -> Observation:
+        return Observation(
+            outcome=verdict.outcome,
+            revision=tag.revision,
+            reason=verdict.reason,
+            status=attempt.status,
+            attempt_id=attempt.id,
+            streaming=call.stream,
+            first_byte_ms=attempt.first_byte_ms,
+        )
+
+    @staticmethod
+    def _call_state(call: Call) -> CallState:
+        state = call.extensions.get("breaker")
+        if not isinstance(state, CallState):
+            state = CallState()
+            call.extensions["breaker"] = state
+        return state
+
+    # -- overrides ---------------------------------------------------------------
+
+    async def add_override(self, override: Override) -> None:
+        """Record and apply an operator override (raises OverrideError for a bad scope)."""
+        check_target(override, self.catalog.bindings)
+        entry = self._override_audit(
+            override, override.kind, override.owner, override.reason, override.created_at
+        )
+        await self.store.add_override(override, entry)
+        self.overrides.add(override)
+
+    async def release_override(self, override_id: str, owner: str, reason: str) -> Override | None:
+        found = self.overrides.active.get(override_id)
+        if found is None:  # perhaps written elsewhere since the last refresh
+            stored = await self.store.active_overrides()
+            found = next((o for o in stored if o.id == override_id), None)
+        if found is None:
+            return None
+        entry = self._override_audit(found, "release", owner, reason, self.wall.now())
+        ended = await self.store.end_override(override_id, entry)
+        self.overrides.remove(override_id)
+        return ended
+
+    def _override_audit(
+        self, override: Override, action: str, actor: str, cause: str, at: float
+    ) -> AuditEntry:
+        return AuditEntry(
+            at=at,
+            actor=actor,
+            action=action,
+            subject=_subject(override),
+            cause=cause,
+            evidence=self._scope_evidence(override),
+            override_id=override.id,
+        )
+
+    def _scope_evidence(self, override: Override) -> dict[str, Any]:
+        """The state of every binding the override covers, at this moment."""
+        now = self.clock()
+        out: dict[str, Any] = {}
+        for binding in self.catalog.bindings.values():
+            if override.covers(binding):
+                h = self.machine.tick(binding.id, now)
+                out[binding.id] = {
+                    "state": str(h.state),
+                    "cause": h.cause,
+                    "in_flight": h.in_flight,
+                    **self.machine.evidence(h, now),
+                }
+        return {"bindings": out}
+
+    def audit_subjects(self, binding: Binding) -> list[str]:
+        return [binding.id, f"provider:{binding.provider}", f"model:{binding.model}"]
+
+    # -- health ------------------------------------------------------------------
+
+    def health(self, *, with_text: bool) -> dict[str, Any]:
+        now = self.clock()
+        wall_now = self.wall.at(now)
+        bindings = []
+        for binding in self.catalog.bindings.values():
+            h = self.machine.tick(binding.id, now)
+            overrides = self.overrides.for_binding(binding, wall_now)
+            assessment = self.machine.assessment(h, now)
+            if any(o.kind == "quarantine" for o in overrides):
+                assessment = "unavailable"
+            h.errors.prune(now)
+            entry: dict[str, Any] = {
+                "binding": binding.id,
+                "provider": binding.provider,
+                "model": binding.model,
+                "used_by": self._used_by.get(binding.id, []),
+                "state": str(h.state),
+                "assessment": assessment,
+                "cause": h.cause,
+                "since": iso(self.wall.at(h.since)),
+                "revision": h.revision,
+                "isolated_until": (
+                    iso(self.wall.at(h.isolated_until))
+                    if h.state is State.ISOLATED and h.isolated_until is not None
+                    else None
+                ),
+                "in_flight": h.in_flight,
+                "consecutive_failures": h.consecutive,
+                "counts": {**dict(sorted(h.counts.items())), "stale_ignored": h.stale},
+                "window": {
+                    "seconds": self.settings.error_rate_window_s,
+                    "calls": h.errors.calls,
+                    "failures": h.errors.failures,
+                    "error_rate": round(h.errors.rate, 4),
+                },
+                "first_byte_ms": {
+                    kind: track.percentiles(now) for kind, track in h.latency.items()
+                },
+                "overrides": [o.to_json(wall_now, with_text=with_text) for o in overrides],
+            }
+            if h.state is State.TRIAL:
+                entry["trial"] = {
+                    "successes": h.trial_successes,
+                    "needed": self.settings.trial_min_successes,
+                    "observed_s": round(now - (h.trial_since or now), 1),
+                    "needed_s": self.settings.trial_min_duration_s,
+                    "slots_in_use": len(h.leases),
+                    "max_in_flight": self.settings.trial_max_in_flight,
+                }
+            bindings.append(entry)
+        if self.machine.outbox:
+            self._wake.set()
+        overrides = sorted(self.overrides.active.values(), key=lambda o: o.created_at)
+        return {
+            "bindings": bindings,
+            "overrides": [o.to_json(wall_now, with_text=with_text) for o in overrides],
+            "overdue_reviews": [o.id for o in overrides if o.review_overdue(wall_now)],
+            "stand_downs": self.counters["breaker_stand_down"],
+            "store": {
+                "where": self.store.description,
+                "pending_writes": len(self.machine.outbox) + len(self._retry),
+                "dropped_writes": self.dropped_transitions,
+                "last_error": self.last_store_error,
+            },
+        }
+
+    # -- persistence conversions -------------------------------------------------
+
+    def _stored(self, t: Transition) -> StoredTransition:
+        s = t.snapshot
+        wall = self.wall.at
+        return StoredTransition(
+            audit=AuditEntry(
+                at=wall(t.at),
+                actor="breaker",
+                action="transition",
+                subject=t.binding,
+                cause=t.cause,
+                evidence=t.evidence,
+                from_state=str(t.from_state),
+                to_state=str(t.to_state),
+                revision=t.revision,
+            ),
+            record=BindingRecord(
+                binding=s.binding,
+                state=str(s.state),
+                cause=s.cause,
+                since=wall(s.since),
+                revision=s.revision,
+                isolated_revision=s.isolated_revision,
+                step=s.step,
+                isolated_until=None if s.isolated_until is None else wall(s.isolated_until),
+                restored_at=None if s.restored_at is None else wall(s.restored_at),
+                trial_since=None if s.trial_since is None else wall(s.trial_since),
+            ),
+        )
+
+    def _snapshot_from(self, r: BindingRecord) -> Snapshot:
+        mono = self.wall.mono_of
+        return Snapshot(
+            binding=r.binding,
+            state=State(r.state),
+            cause=r.cause,
+            since=mono(r.since),
+            revision=r.revision,
+            isolated_revision=r.isolated_revision,
+            step=r.step,
+            isolated_until=None if r.isolated_until is None else mono(r.isolated_until),
+            restored_at=None if r.restored_at is None else mono(r.restored_at),
+            trial_since=None if r.trial_since is None else mono(r.trial_since),
+        )
+
+
+def _subject(override: Override) -> str:
+    if override.scope == "binding":
+        return override.target
+    return f"{override.scope}:{override.target}"
+
+
+BREAKER = web.AppKey("prism_breaker", Breaker)

@@ -1,0 +1,150 @@
+"""Rolling evidence for one binding: the error-rate window and first-token latency."""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import enum
+import math
+
+import attrs
+
+__all__ = ["ErrorWindow", "LatencyTrack", "Slowness", "percentile"]
+
+
+@attrs.define
+class ErrorWindow:
+    """Counted outcomes (success or failure) over the last ``window_s`` seconds."""
+
+    window_s: float
+    entries: collections.deque[tuple[float, bool]] = attrs.field(factory=collections.deque)
+    failures: int = 0
+
+    def add(self, now: float, failed: bool) -> None:
+        self.prune(now)
+        self.entries.append((now, failed))
+        self.failures += failed
+
+    def prune(self, now: float) -> None:
+        horizon = now - self.window_s
+        entries = self.entries
+        while entries and entries[0][0] <= horizon:
+            _, failed = entries.popleft()
+            self.failures -= failed
+
+    @property
+    def calls(self) -> int:
+        return len(self.entries)
+
+    @property
+    def rate(self) -> float:
+        return self.failures / len(self.entries) if self.entries else 0.0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.failures = 0
+
+
+class Slowness(enum.Enum):
+    UNJUDGED = "unjudged"  # too few baseline samples to say
+    NORMAL = "normal"
+    SLOW = "slow"
+
+
+#: At most this many samples per track: bounds memory and the cost of an observation.
+MAX_SAMPLES = 2000
+
+
+@attrs.define
+class LatencyTrack:
+    """A binding's own first-token latency: a rolling baseline and the current slow run.
+
+    A sample is slow when it exceeds ``factor`` times the median of the
+    baseline, which holds the non-slow samples of the last ``window_s``
+    seconds.  Slow samples stay out of the baseline: otherwise a sustained
+    slowdown would raise the median until it no longer looked slow, and the
+    policy could never trip.  One normal sample ends a slow run.
+    """
+
+    factor: float
+    window_s: float
+    min_samples: int
+    #: Every sample in the window (for p50/p95 reporting), oldest first.
+    samples: collections.deque[tuple[float, float]] = attrs.field(factory=collections.deque)
+    #: Baseline samples in arrival order, and the same values kept sorted.
+    baseline: collections.deque[tuple[float, float]] = attrs.field(factory=collections.deque)
+    sorted_baseline: list[float] = attrs.field(factory=list)
+    slow_since: float | None = None
+    slow_count: int = 0
+
+    def observe(self, now: float, ms: float) -> Slowness:
+        self.prune(now)
+        self.samples.append((now, ms))
+        if len(self.samples) > MAX_SAMPLES:
+            self.samples.popleft()
+        median = self.median()
+        if median is None:
+            self._end_run()
+            self._to_baseline(now, ms)
+            return Slowness.UNJUDGED
+        if ms > self.factor * median:
+            if self.slow_since is None:
+                self.slow_since = now
+            self.slow_count += 1
+            return Slowness.SLOW
+        self._end_run()
+        self._to_baseline(now, ms)
+        return Slowness.NORMAL
+
+    def median(self) -> float | None:
+        """The baseline median, or None while there are too few samples to judge."""
+        values = self.sorted_baseline
+        if len(values) < self.min_samples:
+            return None
+        mid = len(values) // 2
+        if len(values) % 2:
+            return values[mid]
+        return (values[mid - 1] + values[mid]) / 2
+
+    def slow_for(self, now: float) -> float:
+        return 0.0 if self.slow_since is None else now - self.slow_since
+
+    def prune(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self.samples and self.samples[0][0] <= horizon:
+            self.samples.popleft()
+        while self.baseline and self.baseline[0][0] <= horizon:
+            _, ms = self.baseline.popleft()
+            del self.sorted_baseline[bisect.bisect_left(self.sorted_baseline, ms)]
+
+    def percentiles(self, now: float) -> dict[str, float | int | None]:
+        self.prune(now)
+        values = sorted(ms for _, ms in self.samples)
+        return {
+            "p50": percentile(values, 0.50),
+            "p95": percentile(values, 0.95),
+            "samples": len(values),
+            "baseline_median": self.median(),
+        }
+
+    def reset_run(self) -> None:
+        self._end_run()
+
+    def _end_run(self) -> None:
+        self.slow_since = None
+        self.slow_count = 0
+
+    def _to_baseline(self, now: float, ms: float) -> None:
+        self.baseline.append((now, ms))
+        bisect.insort(self.sorted_baseline, ms)
+        if len(self.baseline) > MAX_SAMPLES:
+            _, old = self.baseline.popleft()
+            del self.sorted_baseline[bisect.bisect_left(self.sorted_baseline, old)]
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile of already sorted values (None when empty)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return round(sorted_values[rank - 1], 1)
