@@ -168,7 +168,9 @@ class _Walk:
             remaining = self.deadline - gw.clock()
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
-            veto = gw.hook.prism_admit_attempt(call=call, binding=binding)
+            veto = None
+            if "prism_admit_attempt" in gw.used:
+                veto = gw.hook.prism_admit_attempt(call=call, binding=binding)
             if veto is not None:
                 call.record.append(Skip("vetoed", veto, binding))
                 return None
@@ -207,7 +209,8 @@ async def _attempt(
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
     attempt.params_adjusted = list(prepared.adjusted)
-    gw.hook.prism_attempt_start(call=call, attempt=attempt)
+    if "prism_attempt_start" in gw.used:
+        gw.hook.prism_attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
@@ -271,6 +274,8 @@ async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamRes
     attempt.elapsed_ms = (gw.clock() - attempt.started_at) * 1000
     verdict: Verdict = gw.hook.prism_classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
+    if "prism_on_attempt" not in gw.used:
+        return verdict
     pending = gw.hook.prism_on_attempt(call=call, attempt=attempt)
     if pending:
         await asyncio.gather(*pending)

@@ -103,7 +103,8 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
                 f"model '{call.model_name}' is not in the catalog (GET /v1/models lists them)",
                 param="model",
             )
-        gw.hook.prism_call_start(call=call, request=request)
+        if "prism_call_start" in gw.used:
+            gw.hook.prism_call_start(call=call, request=request)
         call.route = gw.hook.prism_select_route(call=call, model=call.model)
         if call.route is None:
             raise exhausted(call)

@@ -38,13 +38,24 @@ class Gateway:
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     ready: bool = False
     draining: bool = False
+    #: Hooks that have at least one implementation; the hot path skips the others.
+    used: frozenset[str] = frozenset()
 
     @property
     def hook(self) -> pluggy.HookRelay:
         return self.pm.hook
 
+    def refresh_hooks(self) -> None:
+        """Note which hooks anyone implements (plugins may register during app setup)."""
+        self.used = frozenset(
+            name
+            for name in dir(self.pm.hook)
+            if name.startswith("prism_") and getattr(self.pm.hook, name).get_hookimpls()
+        )
+
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         """cleanup_ctx: open every provider's pool at start-up, close them at shutdown."""
+        self.refresh_hooks()
         await asyncio.gather(*(provider.start() for provider in self.providers.values()))
         self.ready = True
         yield
@@ -65,7 +76,11 @@ class Gateway:
         call.settled = True
         recorded = True
         try:
-            pending = self.hook.prism_settle(call=call, settlement=settlement)
+            pending = (
+                self.hook.prism_settle(call=call, settlement=settlement)
+                if "prism_settle" in self.used
+                else None
+            )
             if pending:
                 # Shielded: a client leaving must not cut a ledger commit in half.
                 await asyncio.shield(asyncio.gather(*pending))

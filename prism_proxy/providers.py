@@ -120,9 +120,10 @@ class _AiohttpResponse:
     async def read(self) -> bytes:
         return await self._response.read()
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        async for data in self._response.content.iter_any():
-            yield data
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        # aiohttp's own iterator, not a generator around it: a stream left
+        # unfinished must not leave a generator for the loop to finalise.
+        return self._response.content.iter_any()
 
     def close(self) -> None:
         self._response.close()

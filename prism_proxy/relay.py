@@ -119,9 +119,15 @@ async def _relay_stream(
     try:
         await response.prepare(request)
         broke: str | None = None
+        tail = b""
         try:
             async for batch in stream.batches():
-                await response.write(batch)
+                if stream.done:
+                    # The upstream already finished: this last batch leaves with
+                    # the final event, in one write (settling comes between).
+                    tail = batch
+                else:
+                    await response.write(batch)
         except StreamBroken as broken:
             broke = broken.reason
         except ConnectionResetError:
@@ -144,18 +150,17 @@ async def _relay_stream(
             await gw.settle(
                 call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
             )
-            await response.write_eof(_late_headers(call, sent) + client_wire.error_event(err))
+            await response.write_eof(
+                tail + _late_headers(call, sent) + client_wire.error_event(err)
+            )
             return response
         served.response.release()
-        closing = stream.closing()
-        if closing:
-            await response.write(closing)
+        tail += stream.closing()
         settled = Settlement("ok", 200, served.attempt, _usage_so_far(call, stream))
         final = client_wire.done_event
         if not await gw.settle(call, settled):
             final = client_wire.error_event(_unrecorded(call))
-        # The final event and the end of the chunked body leave in one write.
-        await response.write_eof(_late_headers(call, sent) + final)
+        await response.write_eof(tail + _late_headers(call, sent) + final)
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
         await _abort(gw, call, served, stream)

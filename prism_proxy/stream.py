@@ -113,10 +113,12 @@ class UpstreamStream:
                 return data, False
 
     def _take(self, kind: ChunkKind, payload: Any, event: bytes, out: list[bytes]) -> None:
-        self.usage = self.wire.usage_update(self.usage, payload)
+        wire = self.wire
+        self.usage = wire.usage_update(self.usage, payload)
         if kind is ChunkKind.CONTENT:
-            self.delivered_chars += self.wire.text_length(payload)
-            if self.wire.is_finish(payload):
+            chars, finishes = wire.digest(payload)
+            self.delivered_chars += chars
+            if finishes:
                 self.finished = True
         if self.translator is not None:
             out.extend(self.translator.convert(kind, payload))
@@ -140,6 +142,8 @@ class UpstreamStream:
         """
         out, self.pending = self.pending, []
         inspect = self.wire.inspect
+        # Forwarding the upstream's own bytes, most events need no parsing.
+        plain = self.wire.plain_text_chars if self.translator is None else None
         queue = self._queue
         while True:
             broken: StreamBroken | None = None
@@ -150,6 +154,12 @@ class UpstreamStream:
                     if self.translator is None:
                         out.append(event)
                     continue
+                if plain is not None:
+                    chars = plain(data)
+                    if chars is not None:
+                        self.delivered_chars += chars
+                        out.append(event)
+                        continue
                 kind, payload = inspect(data)
                 if kind is ChunkKind.DONE:
                     self.done = True

@@ -124,3 +124,19 @@ def test_attempt_log_and_headers_are_single_latin1_lines():
     headers = prism_headers(call)
     assert headers["x-prism-attempts"] == "1"
     assert "\n" not in headers["x-prism-provider"]
+
+
+def test_plain_text_chunks_are_recognised_without_parsing_and_nothing_else_is():
+    from prism_proxy.wire.openai import plain_text_chars
+
+    plain = b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}],"usage":null}'
+    assert plain_text_chars(plain) == 5
+    for other in [
+        b'{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}',
+        b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null},{"index":1,"delta":{"content":"b"},"finish_reason":null}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"a","tool_calls":[]},"finish_reason":null}]}',
+        b'{"choices":[],"usage":{"prompt_tokens":1}}',
+        b'{"choices":[{"index":0,"delta":{"content": "spaced"},"finish_reason": null}]}',
+    ]:
+        assert plain_text_chars(other) is None, other

@@ -22,38 +22,39 @@ class Wire:
     name: str
     inspect: Callable[[bytes], tuple[ChunkKind, Any]]
     usage_update: Callable[[Usage | None, Any], Usage | None]
-    text_length: Callable[[Any], int]
+    #: For a content event: (characters of answer text, whether it finishes the answer).
+    digest: Callable[[Any], tuple[int, bool]]
+    #: Recognises a plain text content event without parsing it (its text length), or None.
+    plain_text_chars: Callable[[bytes], int | None]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
     error_body: Callable[[PrismError], bytes]
     error_event: Callable[[PrismError], bytes]
     #: The final event of a stream, written after the call is settled.
     done_event: bytes
-    #: Whether a content event carries the answer's finish (stop) reason.
-    is_finish: Callable[[Any], bool]
 
 
 OPENAI = Wire(
     name="openai",
     inspect=openai.chunk_kind,
     usage_update=openai.usage_update,
-    text_length=openai.delta_text_length,
+    digest=openai.digest,
+    plain_text_chars=openai.plain_text_chars,
     estimate_usage=openai.estimate_usage,
     error_body=openai.error_body,
     error_event=openai.error_event,
     done_event=openai.DONE_EVENT,
-    is_finish=openai.is_finish,
 )
 
 ANTHROPIC = Wire(
     name="anthropic",
     inspect=anthropic.event_kind,
     usage_update=anthropic.usage_update,
-    text_length=anthropic.text_length,
+    digest=anthropic.digest,
+    plain_text_chars=lambda data: None,
     estimate_usage=anthropic.estimate_usage,
     error_body=anthropic.error_body,
     error_event=anthropic.error_event,
     done_event=anthropic.DONE_EVENT,
-    is_finish=anthropic.is_finish,
 )
 
 _WIRES = {wire.name: wire for wire in (OPENAI, ANTHROPIC)}

@@ -17,7 +17,7 @@ __all__ = [
     "event_kind",
     "message_body",
     "message_events",
-    "text_length",
+    "digest",
     "usage_update",
     "validate_messages",
 ]
@@ -131,16 +131,16 @@ def event_kind(data: bytes) -> tuple[ChunkKind, Any]:
     return ChunkKind.PRELUDE, payload
 
 
-def is_finish(payload: Any) -> bool:
-    return bool(payload.get("type") == "message_delta")
-
-
-def text_length(payload: Any) -> int:
-    if payload.get("type") != "content_block_delta":
-        return 0
+def digest(payload: Any) -> tuple[int, bool]:
+    """One content event: characters of answer text, and whether it finishes the message."""
+    kind = payload.get("type")
+    if kind == "message_delta":
+        return 0, True
+    if kind != "content_block_delta":
+        return 0, False
     delta = payload.get("delta") or {}
     text = delta.get("text") or delta.get("partial_json") or delta.get("thinking") or ""
-    return len(text) if isinstance(text, str) else 0
+    return (len(text) if isinstance(text, str) else 0), False
 
 
 def usage_update(previous: Usage | None, payload: Any) -> Usage | None:

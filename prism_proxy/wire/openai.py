@@ -165,11 +165,42 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     return ChunkKind.PRELUDE, payload
 
 
-def delta_text_length(payload: Any) -> int:
-    """Characters of answer text in one chunk (for estimating usage of a cut stream)."""
+_PLAIN_DELTA = b'"delta":{"content":"'
+_NOT_FINISHED = b'"finish_reason":null'
+
+
+def plain_text_chars(data: bytes) -> int | None:
+    """For the common chunk (one choice, a text delta, no finish, no usage) its text length.
+
+    Lets a relay that forwards the upstream's own bytes skip parsing most
+    chunks; anything less plain returns None and is parsed as usual.  The
+    patterns cannot occur inside a JSON string, where quotes are escaped.
+    """
+    start = data.find(_PLAIN_DELTA)
+    if start < 0 or _NOT_FINISHED not in data or data.count(b'"index":') != 1:
+        return None
+    if b'"usage":{' in data or b'"tool_calls"' in data or b'"refusal":"' in data:
+        return None
+    start += len(_PLAIN_DELTA)
+    end = data.find(b'"}', start)
+    if end <= start:
+        return None  # an empty delta is no content: parse it
+    return end - start
+
+
+def digest(payload: Any) -> tuple[int, bool]:
+    """One pass over a content chunk: characters of answer text, and whether it finishes.
+
+    The characters estimate the usage of a stream cut before its usage chunk.
+    """
     total = 0
-    for choice in payload.get("choices") or ():
-        delta = choice.get("delta") or {}
+    finished = False
+    for choice in payload["choices"]:
+        if choice.get("finish_reason"):
+            finished = True
+        delta = choice.get("delta")
+        if not delta:
+            continue
         content = delta.get("content")
         if isinstance(content, str):
             total += len(content)
@@ -177,7 +208,7 @@ def delta_text_length(payload: Any) -> int:
             arguments = (call.get("function") or {}).get("arguments")
             if isinstance(arguments, str):
                 total += len(arguments)
-    return total
+    return total, finished
 
 
 def usage_from(payload: Any) -> Usage | None:
@@ -206,11 +237,9 @@ def error_payload(err: PrismError) -> dict[str, Any]:
     return {"error": error}
 
 
-def is_finish(payload: Any) -> bool:
-    return any(choice.get("finish_reason") for choice in payload.get("choices") or ())
-
-
 def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
+    if not payload or payload.get("usage") is None:
+        return previous  # the common case: a chunk with "usage": null, or none at all
     return usage_from(payload) or previous
 
 
