@@ -129,7 +129,10 @@ def test_attempt_log_and_headers_are_single_latin1_lines():
 def test_plain_text_chunks_are_recognised_without_parsing_and_nothing_else_is():
     from prism_proxy.wire.openai import plain_text_chars
 
-    plain = b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}],"usage":null}'
+    plain = (
+        b'{"id":"c","object":"chat.completion.chunk",'
+        b'"choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}],"usage":null}'
+    )
     assert plain_text_chars(plain) == 5
     for other in [
         b'{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}',
