@@ -7,13 +7,18 @@ provider plugin is tested exactly the way the core's are:
 - ``prism_plugin``: ``prism_plugin(obj, "name")`` registers a plugin object in
   every gateway the test starts afterwards;
 - ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
-  starts the real app on a loopback port and returns a :class:`GatewayUnderTest`.
+  starts the real app on a loopback port and returns a :class:`GatewayUnderTest`;
+- :func:`free_port` and :func:`serve_process`: ``prism serve`` as a real
+  process, for what only a process shows (signals, a crash, a restart).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random as random_module
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
     import openai
     from prism_fake_upstream import FakeUpstream
 
-__all__ = ["GatewayUnderTest", "PluginRegistry", "StartGateway"]
+__all__ = ["GatewayUnderTest", "PluginRegistry", "StartGateway", "free_port", "serve_process"]
 
 
 @attrs.define(eq=False)
@@ -95,6 +100,54 @@ class StartGateway(Protocol):
         random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
     ) -> Awaitable[GatewayUnderTest]: ...
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for a ``listen =`` line)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def serve_process(
+    config: Path,
+    port: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    stderr: Any = asyncio.subprocess.PIPE,
+    timeout_s: float = 15.0,
+) -> asyncio.subprocess.Process:
+    """Start ``prism serve --config config`` and return once its ``/readyz`` answers 200.
+
+    ``port`` must be the one the config listens on.  The caller stops the
+    process (SIGTERM to drain, SIGKILL to crash it).
+    """
+    import aiohttp
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prism_proxy.cli",
+        "serve",
+        "--config",
+        str(config),
+        stderr=stderr,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline and process.returncode is None:
+            try:
+                async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                    if response.status == 200:
+                        return process
+            except aiohttp.ClientConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+    if process.returncode is None:
+        process.kill()
+    await process.wait()
+    raise AssertionError(f"prism serve --config {config} did not become ready")
 
 
 @pytest.fixture

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
-import sys
 from pathlib import Path
 
 import aiohttp
 from prism_fake_upstream import Fault
 
+from prism_proxy.testing import free_port, serve_process
+
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def start_prism(
@@ -32,27 +26,8 @@ async def start_prism(
         f'[providers.p]\nkind = "openai"\nbase_url = "{fake.base_url("slow-stream")}"\n'
         '[models.m]\nchain = [ { provider = "p", model = "x" } ]\n'
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prism_proxy.cli",
-        "serve",
-        "--config",
-        str(tmp_path / "prism.ini"),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return process, url
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("prism serve did not become ready")
+    process = await serve_process(tmp_path / "prism.ini", port)
+    return process, f"http://127.0.0.1:{port}"
 
 
 async def stream_after_sigterm(process, url: str) -> bytes:

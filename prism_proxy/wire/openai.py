@@ -226,6 +226,18 @@ def usage_from(payload: Any) -> Usage | None:
     )
 
 
+def tool_use_to_call(block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic ``tool_use`` block as an OpenAI ``tool_calls`` entry."""
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {
+            "name": block.get("name"),
+            "arguments": orjson.dumps(block.get("input") or {}).decode(),
+        },
+    }
+
+
 def error_payload(err: PrismError) -> dict[str, Any]:
     error: dict[str, Any] = {
         "message": err.message,

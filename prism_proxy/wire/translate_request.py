@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from .openai import tool_use_to_call
+
 __all__ = ["Untranslatable", "anthropic_to_openai", "openai_to_anthropic"]
 
 
@@ -315,16 +317,7 @@ def anthropic_to_openai(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]
                 if kind == "text":
                     texts.append(block.get("text", ""))
                 elif kind == "tool_use":
-                    calls.append(
-                        {
-                            "id": block.get("id"),
-                            "type": "function",
-                            "function": {
-                                "name": block.get("name"),
-                                "arguments": orjson.dumps(block.get("input") or {}).decode(),
-                            },
-                        }
-                    )
+                    calls.append(tool_use_to_call(block))
                 else:
                     raise Untranslatable(f"assistant content block type {kind!r}")
             out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}

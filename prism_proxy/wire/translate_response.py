@@ -14,6 +14,7 @@ import orjson
 from ..call import Usage
 from .anthropic import sse
 from .events import ChunkKind
+from .openai import tool_use_to_call
 
 __all__ = [
     "AnthropicToOpenAIStream",
@@ -113,16 +114,7 @@ def anthropic_to_openai_body(payload: dict[str, Any], usage: Usage | None) -> di
         if block.get("type") == "text":
             texts.append(block.get("text", ""))
         elif block.get("type") == "tool_use":
-            calls.append(
-                {
-                    "id": block.get("id"),
-                    "type": "function",
-                    "function": {
-                        "name": block.get("name"),
-                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
-                    },
-                }
-            )
+            calls.append(tool_use_to_call(block))
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
     if calls:
         message["tool_calls"] = calls

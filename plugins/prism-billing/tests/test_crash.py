@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +11,13 @@ import aiohttp
 import orjson
 from prism_fake_upstream import Fault
 
+from prism_proxy.testing import free_port, serve_process
+
 from .conftest import ADMIN_ENV, ADMIN_TOKEN
 
 CALLS = 50
 KILL_AFTER = 15  # complete answers before the kill: the rest are mid-flight
 MESSAGES = [{"role": "user", "content": "hello there"}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def start_prism(tmp_path: Path, fake: Any, port: int) -> asyncio.subprocess.Process:
@@ -38,29 +31,11 @@ async def start_prism(tmp_path: Path, fake: Any, port: int) -> asyncio.subproces
         '[models.m]\nchain = [ { provider = "p", model = "x", '
         "price = { input = 3.0, output = 15.0 } } ]\n"
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prism_proxy.cli",
-        "serve",
-        "--config",
-        str(tmp_path / "prism.ini"),
+    return await serve_process(
+        tmp_path / "prism.ini",
+        port,
+        env={ADMIN_ENV: ADMIN_TOKEN},
         stderr=(tmp_path / "stderr.log").open("ab"),
-        env={**os.environ, ADMIN_ENV: ADMIN_TOKEN},
-    )
-    url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            try:
-                async with session.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return process
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError(
-        "prism serve did not become ready: " + (tmp_path / "stderr.log").read_text()
     )
 
 

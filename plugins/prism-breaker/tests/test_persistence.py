@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -15,6 +12,7 @@ from prism_breaker import Settings, SqliteStore
 from prism_fake_upstream import Fault
 
 from prism_proxy import ConfigError, config_from_mapping, load_config
+from prism_proxy.testing import free_port, serve_process
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -44,35 +42,6 @@ def catalog_toml(fake) -> str:
     return "\n".join(lines) + "\n"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def serve_in_a_new_process(config: Path, port: int) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prism_proxy.cli",
-        "serve",
-        "--config",
-        str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            try:
-                async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
-                    if response.status == 200:
-                        return process
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-    process.kill()
-    raise AssertionError("prism serve did not become ready")
-
-
 async def test_a_restart_keeps_isolation_and_resumes_trials(
     prism_fake, prism_gateway, kit, fake_time, tmp_path
 ):
@@ -98,7 +67,7 @@ async def test_a_restart_keeps_isolation_and_resumes_trials(
         f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\n"
         "[prism:breaker]\nstate_path = breaker.sqlite\n"
     )
-    process = await serve_in_a_new_process(tmp_path / "prism.ini", port)
+    process = await serve_process(tmp_path / "prism.ini", port)
     try:
         url = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as session:
