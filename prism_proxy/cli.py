@@ -6,6 +6,7 @@ import argparse
 import importlib.resources
 import logging
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -123,14 +124,19 @@ def _demo(listen: str | None) -> int:
             file=sys.stderr,
         )
         return 2
-    demo_dir = importlib.resources.files("prism_proxy") / "demo"
-    with importlib.resources.as_file(demo_dir) as directory:
-        config = load_config(Path(directory) / "prism.ini")
+    # The embedded files are copied to a scratch directory: plugins that keep
+    # state next to the config (breaker, ledger) must not write into the package.
+    with tempfile.TemporaryDirectory(prefix="prism-demo-") as scratch:
+        directory = Path(scratch)
+        for name in ("prism.ini", "catalog.toml"):
+            source = importlib.resources.files("prism_proxy") / "demo" / name
+            (directory / name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        config = load_config(directory / "prism.ini")
         if listen:
             config = config_from_mapping(
                 {"listen": listen, "catalog": "catalog.toml"},
                 source=config.source,
-                base_dir=Path(directory),
+                base_dir=directory,
             )
         _logging(config)
         fake = FakeUpstream()

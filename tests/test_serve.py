@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prism_fake_upstream import Fault
 
 from prism_proxy.testing import free_port, serve_process
@@ -73,3 +75,43 @@ async def test_sigterm_cancels_what_outlasts_the_grace_period(prism_fake, tmp_pa
     stderr = (await process.stderr.read()).decode()
     assert "outcome=aborted" in stderr
     assert prism_fake.dropped("slow-stream") == 1
+
+
+async def test_the_demo_answers_from_the_fake_upstream(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 18900)) == 0:
+            pytest.skip("port 18900, the demo's fake upstream, is taken on this machine")
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prism_proxy.cli",
+        "demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(url + "/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.05)
+            async with session.post(
+                url + "/v1/chat/completions", json={"model": "chat-a", "messages": MESSAGES}
+            ) as response:
+                assert response.status == 200
+                assert response.headers["x-prism-provider"] == "alpha"
+                assert "beta/up-beta transient 500" in response.headers["x-prism-attempt-log"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 15) == 0
+    assert list(tmp_path.iterdir()) == []  # the demo writes nothing where it runs
