@@ -154,13 +154,13 @@ async def _relay_stream(
                 tail + _late_headers(call, sent) + client_wire.error_event(err)
             )
             return response
-        served.response.release()
         tail += stream.closing()
         settled = Settlement("ok", 200, served.attempt, _usage_so_far(call, stream))
         final = client_wire.done_event
         if not await gw.settle(call, settled):
             final = client_wire.error_event(_unrecorded(call))
         await response.write_eof(tail + _late_headers(call, sent) + final)
+        await stream.finish()
     except asyncio.CancelledError:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
         await _abort(gw, call, served, stream)

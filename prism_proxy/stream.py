@@ -125,6 +125,21 @@ class UpstreamStream:
         elif kind is not ChunkKind.USAGE or self._forward_usage:
             out.append(event)
 
+    async def finish(self) -> None:
+        """Read what follows the final event (the chunked body's end), then release.
+
+        A response left short of its end makes aiohttp close the connection
+        instead of pooling it; the caller already has its answer by now.
+        """
+        try:
+            async with asyncio.timeout(1.0):
+                while True:
+                    await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self.response.release()
+        except (TimeoutError, *_READ_ERRORS):
+            self.response.close()
+
     def closing(self) -> bytes:
         """What the caller gets after the last upstream event and before the final one."""
         if self.translator is None:
