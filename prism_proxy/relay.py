@@ -93,12 +93,12 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
 
 def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
     """What the answer used: as reported, or, for a cut stream, at least what was delivered."""
-    estimate = wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
     reported = stream.usage
+    if reported is not None and stream.done:
+        return reported
+    estimate = wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
     if reported is None:
         return estimate
-    if stream.done:
-        return reported
     # Cut short: the report (e.g. Anthropic's message_start) predates most of the output.
     return attrs.evolve(
         reported,
