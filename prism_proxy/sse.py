@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["SSEBuffer", "event_data"]
+__all__ = ["SSEBuffer", "event_data", "split_events"]
+
+
+def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events (each ending with a blank line) and the unfinished rest."""
+    events: list[bytes] = []
+    start = 0
+    while True:
+        end = buf.find(b"\n\n", start)
+        if end < 0:
+            return events, buf[start:]
+        events.append(buf[start : end + 2])
+        start = end + 2
 
 
 class SSEBuffer:
@@ -28,16 +40,7 @@ class SSEBuffer:
                 data = data[:-1]
                 self._cr = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._pending + data if self._pending else data
-        events = []
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            events.append(buf[start : end + 2])
-            start = end + 2
-        self._pending = buf[start:]
+        events, self._pending = split_events(self._pending + data if self._pending else data)
         return events
 
 

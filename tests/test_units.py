@@ -143,3 +143,17 @@ def test_plain_text_chunks_are_recognised_without_parsing_and_nothing_else_is():
         b'{"choices":[{"index":0,"delta":{"content": "spaced"},"finish_reason": null}]}',
     ]:
         assert plain_text_chars(other) is None, other
+
+
+def test_plain_runs_are_forwarded_whole_and_the_rest_event_by_event():
+    from prism_proxy.wire.openai import first_notable
+
+    content = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    run = content * 3
+    assert first_notable(run) == -1
+    assert first_notable(run + finish) > len(run) - 1
+    assert run.rfind(b"\n\n", 0, first_notable(run + finish)) + 2 == len(run)
+    assert first_notable(b"data: [DONE]\n\n") >= 0
+    assert first_notable(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n') >= 0
+    assert first_notable(b'data: {"error":{"message":"x"}}\n\n') >= 0

@@ -26,6 +26,8 @@ class Wire:
     digest: Callable[[Any], tuple[int, bool]]
     #: Recognises a plain text content event without parsing it (its text length), or None.
     plain_text_chars: Callable[[bytes], int | None]
+    #: In a run of whole events, where the first one worth parsing may start (-1: none).
+    first_notable: Callable[[bytes], int]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
     error_body: Callable[[PrismError], bytes]
     error_event: Callable[[PrismError], bytes]
@@ -39,6 +41,7 @@ OPENAI = Wire(
     usage_update=openai.usage_update,
     digest=openai.digest,
     plain_text_chars=openai.plain_text_chars,
+    first_notable=openai.first_notable,
     estimate_usage=openai.estimate_usage,
     error_body=openai.error_body,
     error_event=openai.error_event,
@@ -51,6 +54,7 @@ ANTHROPIC = Wire(
     usage_update=anthropic.usage_update,
     digest=anthropic.digest,
     plain_text_chars=lambda data: None,
+    first_notable=lambda events: 0,
     estimate_usage=anthropic.estimate_usage,
     error_body=anthropic.error_body,
     error_event=anthropic.error_event,

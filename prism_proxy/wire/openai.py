@@ -188,6 +188,26 @@ def plain_text_chars(data: bytes) -> int | None:
     return end - start
 
 
+_LOOK_CLOSER = (
+    b"[DONE]",
+    b'"usage":{',
+    b'"usage": {',
+    b'"finish_reason":"',
+    b'"finish_reason": "',
+    b'"error"',
+)
+
+
+def first_notable(events: bytes) -> int:
+    """Where the first event that ends, errs or reports usage may start; -1 if none does.
+
+    Everything before it can be forwarded as it is, unparsed.  The markers
+    cannot occur inside JSON strings, where quotes are escaped.
+    """
+    found = [at for at in map(events.find, _LOOK_CLOSER) if at >= 0]
+    return min(found) if found else -1
+
+
 def digest(payload: Any) -> tuple[int, bool]:
     """One pass over a content chunk: characters of answer text, and whether it finishes.
 
