@@ -26,7 +26,7 @@ from .answers import (
     tool_arguments_json,
     tool_result_answer,
 )
-from .exchange import Exchange, Route, WireFormat
+from .exchange import Exchange, Route, WireFormat, stream_answer
 
 __all__ = ["anthropic_wire", "error_body", "error_response"]
 
@@ -288,21 +288,6 @@ def _stream_error_event(error: Mapping[str, Any]) -> bytes:
 async def _stream_message(
     ex: Exchange, message: Mapping[str, Any], answer: _Answer, headers: Mapping[str, str]
 ) -> web.StreamResponse:
-    fault = ex.fault
-    resp = web.StreamResponse(headers=ex.response_headers(headers))
-    await resp.prepare(ex.request)
-
-    # Batched between delays exactly like the OpenAI stream (see openai_wire).
-    pending: list[bytes] = []
-
-    async def flush() -> None:
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            await resp.write(data)
-
-    # Headers are out; the body stays idle until the first token is "ready".
-    await ex.pause(fault.first_token_delay_s)
     usage = message["usage"]
     start = {
         **message,
@@ -311,7 +296,7 @@ async def _stream_message(
         "stop_sequence": None,
         "usage": {**usage, "output_tokens": 1},
     }
-    pending.append(_event("message_start", {"type": "message_start", "message": start}))
+    opening = [_event("message_start", {"type": "message_start", "message": start})]
     has_block = bool(answer.tokens) or answer.tool_name is not None
     if answer.tool_name is not None:
         block: dict[str, Any] = {
@@ -325,36 +310,15 @@ async def _stream_message(
         block = {"type": "text", "text": ""}
         delta_head = _TEXT_DELTA_HEAD
     if has_block:
-        pending.append(
+        opening.append(
             _event(
                 "content_block_start",
                 {"type": "content_block_start", "index": 0, "content_block": block},
             )
         )
-    pending.append(_PING)
-
-    cut = fault.die_after_chunks
-    if cut is None and fault.stream_error is not None:
-        cut = 0
-    tokens = answer.tokens
-    emitted = tokens if cut is None else tokens[:cut]
-    for i, token in enumerate(emitted):
-        if i and fault.token_delay_s:
-            await flush()
-            await ex.pause(fault.token_delay_s)
-        pending.append(delta_head + orjson.dumps(token) + _DELTA_TAIL)
-
-    if fault.stream_error is not None:
-        pending.append(_stream_error_event(fault.stream_error))
-        await resp.write_eof(b"".join(pending))
-        return resp
-    if cut is not None:
-        await flush()
-        return ex.hang_up(resp)
-
-    if has_block:
-        pending.append(_BLOCK_STOP)
-    pending.append(
+    opening.append(_PING)
+    closing = [_BLOCK_STOP] if has_block else []
+    closing.append(
         _event(
             "message_delta",
             {
@@ -364,9 +328,15 @@ async def _stream_message(
             },
         )
     )
-    pending.append(_MESSAGE_STOP)
-    await resp.write_eof(b"".join(pending))
-    return resp
+    closing.append(_MESSAGE_STOP)
+    return await stream_answer(
+        ex,
+        headers,
+        b"".join(opening),
+        [delta_head + orjson.dumps(token) + _DELTA_TAIL for token in answer.tokens],
+        b"".join(closing),
+        _stream_error_event,
+    )
 
 
 async def _messages(ex: Exchange) -> web.StreamResponse:

@@ -8,7 +8,7 @@ drop counting are shared and live in server.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from .faults import Fault
 
-__all__ = ["ClientGone", "EndpointHandler", "Exchange", "Route", "WireFormat"]
+__all__ = ["ClientGone", "EndpointHandler", "Exchange", "Route", "WireFormat", "stream_answer"]
 
 # How often a delay looks for a vanished client when the server was not set
 # up to cancel handlers on disconnect (someone else running ``fake.app``).
@@ -97,3 +97,56 @@ class WireFormat:
     # Default body for a non-200 status in this format's error shape:
     # (status, message or None for the status's usual one, extra headers).
     error_response: Callable[[int, str | None, Mapping[str, str]], web.Response]
+
+
+async def stream_answer(
+    ex: Exchange,
+    headers: Mapping[str, str],
+    opening: bytes,
+    pieces: Sequence[bytes],
+    closing: bytes,
+    error_event: Callable[[Mapping[str, Any]], bytes],
+) -> web.StreamResponse:
+    """Stream ``opening``, one piece per token, then ``closing``, with the Fault's timing.
+
+    Both wire formats stream alike; only their bytes differ.  Events are
+    batched between delays: with no delay configured the whole body goes out
+    in one write, which keeps the benchmark path cheap; with delays each event
+    is flushed before the pause, so clients see the intended timing.  A
+    ``die_after_chunks`` drops the connection after that many pieces; a
+    ``stream_error`` ends the stream with ``error_event`` instead of closing.
+    """
+    fault = ex.fault
+    resp = web.StreamResponse(headers=ex.response_headers(headers))
+    await resp.prepare(ex.request)
+    pending: list[bytes] = []
+
+    async def flush() -> None:
+        if pending:
+            data = b"".join(pending)
+            pending.clear()
+            await resp.write(data)
+
+    # Headers are out; nothing else is until the first token is "ready", so a
+    # time-to-first-token timeout in the client sees an idle body.
+    await ex.pause(fault.first_token_delay_s)
+    pending.append(opening)
+    cut = fault.die_after_chunks
+    if cut is None and fault.stream_error is not None:
+        cut = 0
+    emitted = pieces if cut is None else pieces[:cut]
+    for i, piece in enumerate(emitted):
+        if i and fault.token_delay_s:
+            await flush()
+            await ex.pause(fault.token_delay_s)
+        pending.append(piece)
+    if fault.stream_error is not None:
+        pending.append(error_event(fault.stream_error))
+        await resp.write_eof(b"".join(pending))
+        return resp
+    if cut is not None:
+        await flush()
+        return ex.hang_up(resp)
+    pending.append(closing)
+    await resp.write_eof(b"".join(pending))
+    return resp

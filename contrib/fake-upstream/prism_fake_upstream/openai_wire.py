@@ -23,7 +23,7 @@ from .answers import (
     tool_arguments_json,
     tool_result_answer,
 )
-from .exchange import Exchange, Route, WireFormat
+from .exchange import Exchange, Route, WireFormat, stream_answer
 from .vectors import embedding_for_text, embedding_for_tokens, unpack_floats
 
 __all__ = [
@@ -295,51 +295,18 @@ async def _stream_chat(
     include_usage: bool,
 ) -> web.StreamResponse:
     """Stream ``opening``, then ``chunk(t)`` for each token, then the finish."""
-    fault = ex.fault
-    resp = web.StreamResponse(headers=ex.response_headers(_SSE_HEADERS))
-    await resp.prepare(ex.request)
-
-    # Events are batched between delays: with no delay configured the whole
-    # body goes out in one write, which is what keeps the benchmark path
-    # cheap. With delays each event is flushed before the pause, so clients
-    # see the intended timing.
-    pending: list[bytes] = []
-
-    async def flush() -> None:
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            await resp.write(data)
-
-    # Headers are out; nothing else is until the first token is "ready", so a
-    # time-to-first-token timeout in the client sees an idle body.
-    await ex.pause(fault.first_token_delay_s)
-    pending.append(opening)
-
-    cut = fault.die_after_chunks
-    if cut is None and fault.stream_error is not None:
-        cut = 0
-    emitted = tokens if cut is None else tokens[:cut]
-    for i, token in enumerate(emitted):
-        if i and fault.token_delay_s:
-            await flush()
-            await ex.pause(fault.token_delay_s)
-        pending.append(chunk(token))
-
-    if fault.stream_error is not None:
-        pending.append(_stream_error_event(fault.stream_error))
-        await resp.write_eof(b"".join(pending))
-        return resp
-    if cut is not None:
-        await flush()
-        return ex.hang_up(resp)
-
-    pending.append(frames.finish(finish_reason))
+    closing = [frames.finish(finish_reason)]
     if include_usage:
-        pending.append(frames.usage(usage))
-    pending.append(_DONE)
-    await resp.write_eof(b"".join(pending))
-    return resp
+        closing.append(frames.usage(usage))
+    closing.append(_DONE)
+    return await stream_answer(
+        ex,
+        _SSE_HEADERS,
+        opening,
+        [chunk(token) for token in tokens],
+        b"".join(closing),
+        _stream_error_event,
+    )
 
 
 async def _chat_completions(ex: Exchange) -> web.StreamResponse:
