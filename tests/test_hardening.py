@@ -37,6 +37,14 @@ async def raw_upstream(answer: bytes) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
 
 
+def one_line(kind: str, url: str) -> dict:
+    """Model ``m`` served by one binding, ``a/x``."""
+    return {
+        "providers": {"a": {"kind": kind, "base_url": url}},
+        "models": {"m": {"chain": [{"provider": "a", "model": "x"}]}},
+    }
+
+
 def two_lines(kind: str, first_url: str, second_url: str) -> dict:
     return {
         "providers": {
@@ -104,10 +112,7 @@ class Observer:
 async def test_a_cancelled_anthropic_attempt_is_cancelled_not_ok(prism_fake, prism_gateway):
     observer = Observer()
     prism_fake.script("slow", [Fault(first_token_delay_s=5)])
-    catalog = {
-        "providers": {"a": {"kind": "anthropic", "base_url": prism_fake.base_url("slow")}},
-        "models": {"m": {"chain": [{"provider": "a", "model": "x"}]}},
-    }
+    catalog = one_line("anthropic", prism_fake.base_url("slow"))
     gw = await prism_gateway(catalog, plugins=[(observer, "observer")])
     async with aiohttp.ClientSession() as session:
         with pytest.raises(asyncio.TimeoutError):
@@ -127,10 +132,7 @@ async def test_a_client_leaving_during_a_slow_observer_still_drops_the_upstream(
     prism_fake, prism_gateway
 ):
     prism_fake.script("s", [Fault(token_delay_s=0.2)])
-    catalog = {
-        "providers": {"s": {"kind": "openai", "base_url": prism_fake.base_url("s")}},
-        "models": {"m": {"chain": [{"provider": "s", "model": "u"}]}},
-    }
+    catalog = one_line("openai", prism_fake.base_url("s"))
     gw = await prism_gateway(catalog, plugins=[(Observer(delay=2.0), "slow")])
     async with aiohttp.ClientSession() as session:
         with pytest.raises(asyncio.TimeoutError):
@@ -154,11 +156,7 @@ async def test_an_error_event_meaning_bad_request_is_a_400_not_a_200(
         "a",
         [Fault(stream_error={"type": "invalid_request_error", "message": "prompt is too long"})],
     )
-    catalog = {
-        "providers": {"a": {"kind": "anthropic", "base_url": prism_fake.base_url("a")}},
-        "models": {"m": {"chain": [{"provider": "a", "model": "x"}]}},
-    }
-    gw = await prism_gateway(catalog)
+    gw = await prism_gateway(one_line("anthropic", prism_fake.base_url("a")))
     async with aiohttp.ClientSession() as session:
         async with session.post(
             gw.url + path,
@@ -174,11 +172,7 @@ async def test_a_cut_anthropic_stream_bills_what_was_delivered(
     prism_fake, prism_gateway, recorder, path
 ):
     prism_fake.script("a", [Fault(die_after_chunks=40, text=" ".join(["word"] * 200))])
-    catalog = {
-        "providers": {"a": {"kind": "anthropic", "base_url": prism_fake.base_url("a")}},
-        "models": {"m": {"chain": [{"provider": "a", "model": "x"}]}},
-    }
-    gw = await prism_gateway(catalog)
+    gw = await prism_gateway(one_line("anthropic", prism_fake.base_url("a")))
     async with aiohttp.ClientSession() as session:
         async with session.post(
             gw.url + path,
@@ -204,11 +198,7 @@ async def test_a_malformed_chunk_after_content_ends_the_stream_with_an_error(pri
     )
     server, url = await raw_upstream(answer)
     try:
-        catalog = {
-            "providers": {"p": {"kind": "openai", "base_url": url}},
-            "models": {"m": {"chain": [{"provider": "p", "model": "x"}]}},
-        }
-        gw = await prism_gateway(catalog)
+        gw = await prism_gateway(one_line("openai", url))
         stream = await gw.openai().chat.completions.create(
             model="m", messages=MESSAGES, stream=True
         )

@@ -53,6 +53,13 @@ def catalog(fake, *lines: tuple[str, str, str], **model: object) -> dict:
 
 
 ANTHROPIC_LINE = ("claude", "anthropic", "claude-ok")
+
+
+def anthropic_invalid_request(message: str) -> dict:
+    """An Anthropic 400 body: the status and type say "your fault", the message may not."""
+    return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+
+
 OPENAI_LINE = ("gpt", "openai", "gpt-ok")
 
 
@@ -274,13 +281,9 @@ async def test_anthropic_billing_400_is_permanent(prism_fake, prism_gateway):
         [
             Fault(
                 status=400,
-                body={
-                    "type": "error",
-                    "error": {
-                        "type": "invalid_request_error",
-                        "message": "Your credit balance is too low to access the Anthropic API.",
-                    },
-                },
+                body=anthropic_invalid_request(
+                    "Your credit balance is too low to access the Anthropic API."
+                ),
             )
         ]
         * 3,
@@ -301,13 +304,9 @@ async def test_anthropic_request_error_reaches_an_openai_caller_in_its_own_shape
         [
             Fault(
                 status=400,
-                body={
-                    "type": "error",
-                    "error": {
-                        "type": "invalid_request_error",
-                        "message": "prompt is too long: 250000 tokens > 200000 maximum",
-                    },
-                },
+                body=anthropic_invalid_request(
+                    "prompt is too long: 250000 tokens > 200000 maximum"
+                ),
             )
         ],
     )
