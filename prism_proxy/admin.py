@@ -10,12 +10,11 @@ import functools
 import hmac
 from collections.abc import Awaitable, Callable
 
-import orjson
 from aiohttp import web
 
 from .errors import PrismError
 from .gateway import GATEWAY
-from .wire.openai import error_payload
+from .wire import OPENAI
 
 __all__ = ["admin_handler", "error_response", "require_admin"]
 
@@ -36,7 +35,7 @@ def require_admin(request: web.Request) -> None:
 
 def error_response(err: PrismError) -> web.Response:
     return web.Response(
-        status=err.status, body=orjson.dumps(error_payload(err)), content_type="application/json"
+        status=err.status, body=OPENAI.error_body(err), content_type="application/json"
     )
 
 

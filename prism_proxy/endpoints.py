@@ -14,7 +14,7 @@ from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
 from .errors import PrismError
 from .gateway import GATEWAY, Gateway
 from .record import prism_headers
-from .relay import relay, relay_degraded
+from .relay import error_answer, relay, relay_degraded
 from .wire import ANTHROPIC, OPENAI, wire_for
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
@@ -163,12 +163,7 @@ def _upstream_message(payload: Any) -> str:
 
 async def _error_response(gw: Gateway, call: Call, err: PrismError) -> web.Response:
     await gw.settle(call, Settlement("error", err.status, None, None, err.code))
-    return web.Response(
-        status=err.status,
-        body=wire_for(call.endpoint).error_body(err),
-        content_type="application/json",
-        headers=prism_headers(call),
-    )
+    return error_answer(call, err)
 
 
 def _anthropic_client(request: web.Request) -> bool:

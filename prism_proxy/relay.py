@@ -20,7 +20,7 @@ from .wire import anthropic as anthropic_wire
 from .wire import openai as openai_wire
 from .wire import wire_for
 
-__all__ = ["relay", "relay_degraded"]
+__all__ = ["error_answer", "relay", "relay_degraded"]
 
 log = logging.getLogger("prism")
 
@@ -42,19 +42,23 @@ async def relay(
     return await _relay_stream(gw, call, served, served.stream, request)
 
 
+def error_answer(call: Call, err: PrismError) -> web.Response:
+    """An error in the caller's own wire format, with the x-prism headers."""
+    return web.Response(
+        status=err.status,
+        body=wire_for(call.endpoint).error_body(err),
+        content_type="application/json",
+        headers=prism_headers(call),
+    )
+
+
 async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
     result = served.result
     served.response.release()
     prepared = served.prepared
     usage = prepared.provider_wire.usage_update(None, result.json)
     if not await gw.settle(call, Settlement("ok", 200, served.attempt, usage)):
-        err = _unrecorded(call)
-        return web.Response(
-            status=err.status,
-            body=wire_for(call.endpoint).error_body(err),
-            content_type="application/json",
-            headers=prism_headers(call),
-        )
+        return error_answer(call, _unrecorded(call))
     headers = prism_headers(call)
     if prepared.translated:
         body = orjson.dumps(prepared.translate_body(result.json))
