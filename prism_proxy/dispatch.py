@@ -226,7 +226,7 @@ async def _attempt(
                         translator=prepared.stream_translator(call.include_usage),
                         idle_timeout=call.attempt_timeout_s,
                     )
-                    data, broken = await stream.until_commit()
+                    data, payload, broken = await stream.until_commit()
                     result = UpstreamResult(
                         200,
                         response.headers,
@@ -235,6 +235,7 @@ async def _attempt(
                         streaming=True,
                         wire=provider.wire,
                     )
+                    result.json = payload  # parsed already: classifiers need not again
                 else:
                     body = await response.read()
                     result = UpstreamResult(

@@ -10,6 +10,7 @@ closes it at shutdown, so each holds one pooled client session.
 from __future__ import annotations
 
 import abc
+import importlib.metadata
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -136,7 +137,10 @@ class HttpProvider(Provider):
     """A provider reached over HTTP through one pooled ``aiohttp.ClientSession``.
 
     Options every HTTP provider understands: ``max_connections`` (default 256)
-    and ``connect_timeout_ms`` (default 10000).
+    and ``connect_timeout_ms`` (default 10000).  ``base_headers`` holds what
+    every request should carry (``User-Agent: prism-proxy/<version>`` and a
+    JSON ``Content-Type``); a subclass builds its own headers on top of it,
+    once, at start-up.
     """
 
     COMMON_OPTIONS: ClassVar[frozenset[str]] = frozenset({"max_connections", "connect_timeout_ms"})
@@ -145,6 +149,10 @@ class HttpProvider(Provider):
         super().__init__(spec)
         self.max_connections = _positive_int(spec, "max_connections", 256)
         self.connect_timeout_s = _positive_int(spec, "connect_timeout_ms", 10_000) / 1000
+        self.base_headers: dict[str, str] = {
+            "User-Agent": f"prism-proxy/{_distribution_version()}",
+            "Content-Type": "application/json",
+        }
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -154,7 +162,6 @@ class HttpProvider(Provider):
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-            skip_auto_headers=("User-Agent",),
         )
 
     async def close(self) -> None:
@@ -198,6 +205,13 @@ class HttpProvider(Provider):
             raise RuntimeError(f"provider {self.name!r} used before start()")
         response = await self._session.post(url, data=payload, headers=headers)
         return _AiohttpResponse(response)
+
+
+def _distribution_version() -> str:
+    try:
+        return importlib.metadata.version("prism-proxy")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _positive_int(spec: ProviderSpec, key: str, default: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -17,6 +18,11 @@ from .config import Config
 __all__ = ["Listening", "listen", "run", "serve"]
 
 log = logging.getLogger("prism")
+
+#: The young generation's collection threshold while serving (CPython's default
+#: is 700).  A call allocates a few hundred short-lived objects; at the default,
+#: the collector ran every ~20 streamed calls, and each run cost ~150 µs.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 @attrs.define(eq=False)
@@ -71,6 +77,7 @@ async def serve(
         app, config.listen.host, config.listen.port, grace_s=config.shutdown_grace_s
     )
     log.info("Prism listening on %s (config: %s)", listening.url, config.source)
+    _settle_heap()
     if started is not None:
         await started(listening)
     stop = asyncio.Event()
@@ -85,6 +92,18 @@ async def serve(
     log.info("draining: in-flight calls have %.0f s to finish", config.shutdown_grace_s)
     await listening.stop()
     log.info("stopped")
+
+
+def _settle_heap() -> None:
+    """Leave what start-up built out of every future collection; collect young objects rarer.
+
+    Only for a process Prism owns (``prism serve``): an app mounted in
+    someone else's process leaves the collector alone.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def run(main: Coroutine[Any, Any, None]) -> None:

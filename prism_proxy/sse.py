@@ -1,36 +1,30 @@
-"""Incremental Server-Sent Events splitting, for relaying upstream streams as they arrive."""
+"""Incremental Server-Sent Events reading, for relaying upstream streams as they arrive."""
 
 from __future__ import annotations
 
-__all__ = ["SSEBuffer", "event_data", "split_events"]
+from collections.abc import Callable
 
-
-def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Complete events (each ending with a blank line) and the unfinished rest."""
-    events: list[bytes] = []
-    start = 0
-    while True:
-        end = buf.find(b"\n\n", start)
-        if end < 0:
-            return events, buf[start:]
-        events.append(buf[start : end + 2])
-        start = end + 2
+__all__ = ["SSEBuffer", "event_data"]
 
 
 class SSEBuffer:
-    """Cuts a byte stream into complete events (each ending with a blank line).
+    """Bytes read from an event stream, taken out one complete event (or run of events) at a time.
 
-    Raw event bytes are kept as received so a relay can forward them without
-    re-encoding.  CRLF line endings are normalised to LF.
+    Events are kept as received so a relay can forward them without
+    re-encoding; CRLF line endings are normalised to LF.  Nothing is split
+    up front: a relay that forwards a run of events whole never pays for
+    cutting it into pieces.
     """
 
-    __slots__ = ("_cr", "_pending")
+    __slots__ = ("_buf", "_cr", "_pos")
 
     def __init__(self) -> None:
-        self._pending = b""
+        self._buf = b""
+        #: Where the next event starts in ``_buf``; everything before it is taken.
+        self._pos = 0
         self._cr = False
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> None:
         if self._cr:
             data = b"\r" + data
             self._cr = False
@@ -40,8 +34,38 @@ class SSEBuffer:
                 data = data[:-1]
                 self._cr = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        events, self._pending = split_events(self._pending + data if self._pending else data)
-        return events
+        if self._pos < len(self._buf):
+            self._buf = self._buf[self._pos :] + data
+        else:
+            self._buf = data
+        self._pos = 0
+
+    def next_event(self) -> bytes | None:
+        """The next complete event (ending with its blank line), or None until more arrives."""
+        buf, pos = self._buf, self._pos
+        end = buf.find(b"\n\n", pos)
+        if end < 0:
+            return None
+        self._pos = end + 2
+        return buf[pos : end + 2]
+
+    def take_run(self, first_notable: Callable[[bytes, int, int], int]) -> bytes:
+        """The complete events before the first one ``first_notable`` points into, unsplit.
+
+        ``first_notable(buf, start, end)`` returns where in ``buf[start:end]``
+        the first event worth a closer look may start (-1: none is).
+        """
+        buf, pos = self._buf, self._pos
+        end = buf.rfind(b"\n\n", pos) + 2
+        if end < pos + 2:
+            return b""
+        notable = first_notable(buf, pos, end)
+        if notable >= 0:
+            end = buf.rfind(b"\n\n", pos, notable) + 2
+            if end < pos + 2:
+                return b""
+        self._pos = end
+        return buf[pos:end]
 
 
 def event_data(event: bytes) -> bytes | None:

@@ -10,7 +10,6 @@ the same wire format, else through a stream translator.
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import aiohttp
 
 from .call import Usage
 from .providers import UpstreamResponse
-from .sse import SSEBuffer, event_data, split_events
+from .sse import SSEBuffer, event_data
 from .wire import Wire
 from .wire.events import ChunkKind
 from .wire.translate_response import StreamTranslator
@@ -29,6 +28,8 @@ _READ_ERRORS = (aiohttp.ClientError, OSError)
 #: Characters of answer text assumed per event forwarded unparsed (about one
 #: token a chunk, four characters a token), for a cut stream's usage estimate.
 PLAIN_EVENT_CHARS = 4
+#: Bytes assumed per event forwarded unparsed, until the stream's first content event tells.
+_EVENT_BYTES = 256
 
 
 class StreamBroken(Exception):
@@ -42,8 +43,8 @@ class StreamBroken(Exception):
 class UpstreamStream:
     __slots__ = (
         "_chunks",
+        "_event_bytes",
         "_forward_usage",
-        "_queue",
         "_sse",
         "delivered_chars",
         "done",
@@ -70,7 +71,7 @@ class UpstreamStream:
         self.translator = translator
         self._chunks = response.iter_chunks().__aiter__()
         self._sse = SSEBuffer()
-        self._queue: collections.deque[bytes] = collections.deque()
+        self._event_bytes = _EVENT_BYTES
         self._forward_usage = forward_usage
         #: Events read but not yet forwarded (the held-back prelude).
         self.pending: list[bytes] = []
@@ -82,38 +83,39 @@ class UpstreamStream:
         #: After the commit point, the longest silence tolerated between reads.
         self.idle_timeout = idle_timeout
 
-    async def _fill(self) -> None:
-        """Read from the network until at least one event is queued (StopAsyncIteration at EOF)."""
-        while not self._queue:
-            data = await self._chunks.__anext__()
-            self._queue.extend(self._sse.feed(data))
+    async def _read(self) -> None:
+        """Read once from the network (StopAsyncIteration at EOF)."""
+        self._sse.feed(await self._chunks.__anext__())
 
-    async def until_commit(self) -> tuple[bytes | None, bool]:
+    async def until_commit(self) -> tuple[bytes | None, Any, bool]:
         """Read up to the commit point.
 
-        Returns ``(data, broken)``: the data of the committing event (or of an
-        error event sent before any content) and whether the stream broke
-        before content.
+        Returns ``(data, payload, broken)``: the data of the committing event
+        (or of an error event sent before any content), its parsed payload,
+        and whether the stream broke before content.
         """
+        sse = self._sse
         while True:
-            try:
-                await self._fill()
-            except StopAsyncIteration:
-                return None, True
-            except _READ_ERRORS:
-                return None, True
-            event = self._queue.popleft()
+            event = sse.next_event()
+            if event is None:
+                try:
+                    await self._read()
+                except (StopAsyncIteration, *_READ_ERRORS):
+                    return None, None, True
+                continue
             data = event_data(event)
             if data is None:
                 continue
             kind, payload = self.wire.inspect(data)
             if kind is ChunkKind.ERROR:
-                return data, False
+                return data, payload, False
             if kind is ChunkKind.DONE:
-                return None, True
+                return None, None, True
             self._take(kind, payload, event, self.pending)
             if kind is ChunkKind.CONTENT:
-                return data, False
+                # Events from one upstream are alike in size: this one sizes the runs.
+                self._event_bytes = len(event)
+                return data, payload, False
 
     def _take(self, kind: ChunkKind, payload: Any, event: bytes, out: list[bytes]) -> None:
         wire = self.wire
@@ -144,27 +146,17 @@ class UpstreamStream:
             self.response.close()
 
     def _forward_plain_run(self, out: list[bytes]) -> None:
-        """Forward, unparsed, the queued events before the first one worth a look.
+        """Forward, unparsed, the complete events before the first one worth a look.
 
         A fast upstream delivers many events per read; only the last few
         (finish, usage, end) need parsing.  Each event forwarded this way
         counts as one token of delivered text for a cut stream's estimate.
         """
-        joined = b"".join(self._queue)
-        notable = self.wire.first_notable(joined)
-        if notable < 0:
-            boundary = len(joined)
-        elif notable == 0:
-            return
-        else:
-            boundary = joined.rfind(b"\n\n", 0, notable) + 2
-            if boundary < 2:
-                return
-        run = joined[:boundary]
-        out.append(run)
-        self.delivered_chars += PLAIN_EVENT_CHARS * run.count(b"\n\n")
-        self._queue.clear()
-        self._queue.extend(split_events(joined[boundary:])[0])
+        run = self._sse.take_run(self.wire.first_notable)
+        if run:
+            out.append(run)
+            events = max(1, (len(run) + self._event_bytes // 2) // self._event_bytes)
+            self.delivered_chars += PLAIN_EVENT_CHARS * events
 
     def closing(self) -> bytes:
         """What the caller gets after the last upstream event and before the final one."""
@@ -185,13 +177,12 @@ class UpstreamStream:
         inspect = self.wire.inspect
         # Forwarding the upstream's own bytes, most events need no parsing.
         plain = self.wire.plain_text_chars if self.translator is None else None
-        queue = self._queue
+        next_event = self._sse.next_event
         while True:
             broken: StreamBroken | None = None
-            if plain is not None and len(queue) > 1:
+            if plain is not None:
                 self._forward_plain_run(out)
-            while queue:
-                event = queue.popleft()
+            while (event := next_event()) is not None:
                 data = event_data(event)
                 if data is None:
                     if self.translator is None:
@@ -220,7 +211,7 @@ class UpstreamStream:
                 return
             try:
                 async with asyncio.timeout(self.idle_timeout):
-                    await self._fill()
+                    await self._read()
             except TimeoutError:
                 raise StreamBroken(f"upstream silent for {self.idle_timeout:g} s") from None
             except StopAsyncIteration:

@@ -13,21 +13,45 @@ from prism_proxy.record import attempt_log, prism_headers
 from prism_proxy.sse import SSEBuffer, event_data
 
 
+def _events(buffer: SSEBuffer, *reads: bytes) -> list[bytes]:
+    events = []
+    for data in reads:
+        buffer.feed(data)
+        while (event := buffer.next_event()) is not None:
+            events.append(event)
+    return events
+
+
 def test_sse_buffer_handles_events_split_anywhere():
     stream = b'data: {"a":1}\n\ndata: {"b":2}\n\n: comment\n\ndata: [DONE]\n\n'
     for cut in range(1, len(stream)):
-        buffer = SSEBuffer()
-        events = buffer.feed(stream[:cut]) + buffer.feed(stream[cut:])
+        events = _events(SSEBuffer(), stream[:cut], stream[cut:])
         assert [event_data(e) for e in events] == [b'{"a":1}', b'{"b":2}', None, b"[DONE]"]
 
 
 def test_sse_crlf_and_multiline_data():
     stream = b"event: x\r\ndata: one\r\ndata:two\r\n\r\nevent: y\r\ndata: 3\r\n\r\n"
     for cut in range(1, len(stream)):
-        buffer = SSEBuffer()
-        events = buffer.feed(stream[:cut]) + buffer.feed(stream[cut:])
+        events = _events(SSEBuffer(), stream[:cut], stream[cut:])
         assert [event_data(e) for e in events] == [b"one\ntwo", b"3"], cut
         assert events[1].startswith(b"event: y\n")
+
+
+def test_sse_runs_stop_before_the_first_notable_event_and_at_the_last_whole_one():
+    from prism_proxy.wire.openai import first_notable
+
+    content = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
+    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    stream = content * 3 + finish + content
+    for cut in range(1, len(stream)):
+        buffer = SSEBuffer()
+        buffer.feed(stream[:cut])
+        run = buffer.take_run(first_notable)
+        last = stream[:cut].rfind(b"\n\n")
+        whole = last + 2 if last >= 0 else 0
+        assert run == stream[: min(whole, len(content) * 3)], cut
+        rest = _events(buffer, stream[cut:])
+        assert run + b"".join(rest) == stream, cut
 
 
 def test_retry_after_forms():
@@ -148,12 +172,21 @@ def test_plain_text_chunks_are_recognised_without_parsing_and_nothing_else_is():
 def test_plain_runs_are_forwarded_whole_and_the_rest_event_by_event():
     from prism_proxy.wire.openai import first_notable
 
+    def notable(events: bytes) -> int:
+        return first_notable(events, 0, len(events))
+
     content = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
     finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     run = content * 3
-    assert first_notable(run) == -1
-    assert first_notable(run + finish) > len(run) - 1
-    assert run.rfind(b"\n\n", 0, first_notable(run + finish)) + 2 == len(run)
-    assert first_notable(b"data: [DONE]\n\n") >= 0
-    assert first_notable(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n') >= 0
-    assert first_notable(b'data: {"error":{"message":"x"}}\n\n') >= 0
+    assert notable(run) == -1
+    assert notable(run + finish) > len(run) - 1
+    assert run.rfind(b"\n\n", 0, notable(run + finish)) + 2 == len(run)
+    assert notable(b"data: [DONE]\n\n") >= 0
+    assert notable(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n') >= 0
+    assert notable(b'data: {"choices":[], "usage": {"prompt_tokens": 1}}\n\n') >= 0
+    assert notable(b'data: {"error":{"message":"x"}}\n\n') >= 0
+    # The earliest marker wins, whichever is searched first.
+    error_then_finish = b'data: {"error":{"message":"x"}}\n\n' + finish
+    assert notable(error_then_finish) < len(b'data: {"error":{"message":"x"}}\n\n')
+    # Only the given range is searched.
+    assert first_notable(run + finish, 0, len(run)) == -1

@@ -4,7 +4,9 @@ POST /v1/chat/completions is forwarded to ``UPSTREAM/chat/completions`` with
 one pooled ClientSession, and the upstream body is streamed back chunk by
 chunk through a StreamResponse.  No parsing, no routing, no retries.
 GET /healthz answers 200 for readiness polling.  Runs on uvloop, one process,
-no access log -- the same serving setup as ``prism serve``.
+no access log, and with the garbage collector tuned as ``prism serve`` tunes it
+(start-up heap frozen, young-generation threshold raised) -- the same serving
+setup, so the comparison measures the proxying, not the process settings.
 
     python contrib/bench/bare_proxy.py --port 18950 --upstream http://127.0.0.1:18900/s/ok/v1
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
@@ -43,6 +46,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return response
 
 
+async def settle_heap(app: web.Application) -> None:
+    """What ``prism serve`` does once it is listening (prism_proxy.server)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(10_000, middle, old)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "alive"})
 
@@ -58,6 +69,7 @@ def make_app(upstream: str) -> web.Application:
             yield
 
     app.cleanup_ctx.append(session_ctx)
+    app.on_startup.append(settle_heap)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/healthz", healthz)
     return app

@@ -26,8 +26,8 @@ class Wire:
     digest: Callable[[Any], tuple[int, bool]]
     #: Recognises a plain text content event without parsing it (its text length), or None.
     plain_text_chars: Callable[[bytes], int | None]
-    #: In a run of whole events, where the first one worth parsing may start (-1: none).
-    first_notable: Callable[[bytes], int]
+    #: In ``buf[start:end]``, whole events, where the first one worth parsing may start (-1: none).
+    first_notable: Callable[[bytes, int, int], int]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
     error_body: Callable[[PrismError], bytes]
     error_event: Callable[[PrismError], bytes]
@@ -54,7 +54,7 @@ ANTHROPIC = Wire(
     usage_update=anthropic.usage_update,
     digest=anthropic.digest,
     plain_text_chars=lambda data: None,
-    first_notable=lambda events: 0,
+    first_notable=lambda buf, start, end: start,
     estimate_usage=anthropic.estimate_usage,
     error_body=anthropic.error_body,
     error_event=anthropic.error_event,

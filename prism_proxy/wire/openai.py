@@ -188,24 +188,30 @@ def plain_text_chars(data: bytes) -> int | None:
     return end - start
 
 
+#: The usual first notable event (the finish) leads, so the later searches stop short.
 _LOOK_CLOSER = (
-    b"[DONE]",
-    b'"usage":{',
-    b'"usage": {',
     b'"finish_reason":"',
     b'"finish_reason": "',
+    b'"usage":{',
+    b'"usage": {',
+    b"[DONE]",
     b'"error"',
 )
 
 
-def first_notable(events: bytes) -> int:
-    """Where the first event that ends, errs or reports usage may start; -1 if none does.
+def first_notable(buf: bytes, start: int, end: int) -> int:
+    """Where in ``buf[start:end]`` the first event that ends, errs or reports usage may start.
 
-    Everything before it can be forwarded as it is, unparsed.  The markers
-    cannot occur inside JSON strings, where quotes are escaped.
+    -1 if none does.  Everything before it can be forwarded as it is,
+    unparsed.  The markers cannot occur inside JSON strings, where quotes are
+    escaped.
     """
-    found = [at for at in map(events.find, _LOOK_CLOSER) if at >= 0]
-    return min(found) if found else -1
+    first = -1
+    for marker in _LOOK_CLOSER:
+        at = buf.find(marker, start, end)
+        if at >= 0:
+            first = end = at  # a later marker only matters if it comes sooner
+    return first
 
 
 def digest(payload: Any) -> tuple[int, bool]:

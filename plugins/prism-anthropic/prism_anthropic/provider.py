@@ -52,7 +52,7 @@ class AnthropicProvider(HttpProvider):
         version = spec.options.get("anthropic_version", DEFAULT_VERSION)
         if not isinstance(version, str) or not version:
             raise spec.error("anthropic_version", "expected a version string like 2023-06-01")
-        headers = {"Content-Type": "application/json", "anthropic-version": version}
+        headers = {**self.base_headers, "anthropic-version": version}
         beta = spec.options.get("beta", [])
         if not isinstance(beta, list) or not all(isinstance(b, str) for b in beta):
             raise spec.error("beta", "expected a list of beta feature names")

@@ -50,7 +50,7 @@ class OpenAIProvider(HttpProvider):
             raise spec.error("deployments", "expected true or false")
         query = self.option_table("query")
         self.query = ("?" + urlencode(query)) if query else ""
-        headers = {"Content-Type": "application/json", **self.option_table("headers")}
+        headers = {**self.base_headers, **self.option_table("headers")}
         auth = spec.options.get("auth", "bearer")
         if auth not in ("bearer", "api-key"):
             raise spec.error("auth", f"expected 'bearer' or 'api-key', got {auth!r}")
