@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-import os
+import random
 from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -214,7 +214,12 @@ class Settlement:
 
 
 def new_id(prefix: str) -> str:
-    return prefix + os.urandom(12).hex()
+    """A fresh identifier: ``prefix`` and 96 random bits in hex.
+
+    Identifiers need to be unique, not secret; ``random`` draws them without
+    a system call per id (and reseeds itself in a forked child).
+    """
+    return f"{prefix}{random.getrandbits(96):024x}"
 
 
 @attrs.define(eq=False)

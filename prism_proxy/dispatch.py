@@ -100,7 +100,7 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
         if cross_tier and call.route.cross_tier and not model.pinned:
             for name in model.fallback_models:
                 fallback = gw.catalog.models[name]
-                route: Route | None = gw.hook.prism_select_route(call=call, model=fallback)
+                route: Route | None = gw.hot.prism_select_route(call=call, model=fallback)
                 if route is None:
                     continue
                 call.record.append(
@@ -168,9 +168,8 @@ class _Walk:
             remaining = self.deadline - gw.clock()
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
-            veto = None
-            if "prism_admit_attempt" in gw.used:
-                veto = gw.hook.prism_admit_attempt(call=call, binding=binding)
+            admit = gw.hot.prism_admit_attempt
+            veto = admit(call=call, binding=binding) if admit is not None else None
             if veto is not None:
                 call.record.append(Skip("vetoed", veto, binding))
                 return None
@@ -209,8 +208,8 @@ async def _attempt(
     provider = gw.providers[binding.provider]
     attempt = call.new_attempt(binding, gw.clock())
     attempt.params_adjusted = list(prepared.adjusted)
-    if "prism_attempt_start" in gw.used:
-        gw.hook.prism_attempt_start(call=call, attempt=attempt)
+    if gw.hot.prism_attempt_start is not None:
+        gw.hot.prism_attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
@@ -273,11 +272,11 @@ async def _attempt(
 async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
     """Classify the attempt and let observers see it."""
     attempt.elapsed_ms = (gw.clock() - attempt.started_at) * 1000
-    verdict: Verdict = gw.hook.prism_classify(call=call, attempt=attempt, result=result)
+    verdict: Verdict = gw.hot.prism_classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
-    if "prism_on_attempt" not in gw.used:
+    if gw.hot.prism_on_attempt is None:
         return verdict
-    pending = gw.hook.prism_on_attempt(call=call, attempt=attempt)
+    pending = gw.hot.prism_on_attempt(call=call, attempt=attempt)
     if pending:
         await asyncio.gather(*pending)
     return verdict

@@ -49,17 +49,17 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
     length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(limit)
-    chunks = []
-    size = 0
-    # Counted as it arrives: a chunked body has no Content-Length to check up front.
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
+    if length is not None:
+        if length > limit:
             raise _too_large(limit)
-        chunks.append(chunk)
-    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        try:
+            raw = await request.content.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise PrismError(
+                400, "invalid_json", "the request body is shorter than its Content-Length"
+            ) from None
+    else:
+        raw = await _read_chunked(request, limit)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -67,6 +67,18 @@ async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise PrismError(400, "invalid_json", "the request body must be a JSON object")
     return body
+
+
+async def _read_chunked(request: web.Request, limit: int) -> bytes:
+    """A body without Content-Length, counted as it arrives against ``limit``."""
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _too_large(limit: int) -> PrismError:
@@ -92,7 +104,7 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
             call.model_name, call.stream = validate_messages(call.body)
         else:
             call.model_name = validate_embeddings(call.body)
-        principal = gw.hook.prism_authenticate(call=call, request=request)
+        principal = gw.hot.prism_authenticate(call=call, request=request)
         if principal is not None:
             call.principal = principal
         call.model = gw.catalog.resolve(call.model_name)
@@ -103,9 +115,9 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
                 f"model '{call.model_name}' is not in the catalog (GET /v1/models lists them)",
                 param="model",
             )
-        if "prism_call_start" in gw.used:
-            gw.hook.prism_call_start(call=call, request=request)
-        call.route = gw.hook.prism_select_route(call=call, model=call.model)
+        if gw.hot.prism_call_start is not None:
+            gw.hot.prism_call_start(call=call, request=request)
+        call.route = gw.hot.prism_select_route(call=call, model=call.model)
         if call.route is None:
             raise exhausted(call)
         served = await dispatch(gw, call)

@@ -7,7 +7,9 @@ import collections
 import logging
 import random
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import attrs
 import pluggy
@@ -18,7 +20,7 @@ from .catalog import Catalog
 from .config import Config
 from .providers import Provider
 
-__all__ = ["GATEWAY", "Gateway"]
+__all__ = ["GATEWAY", "Gateway", "direct_caller"]
 
 log = logging.getLogger("prism")
 call_log = logging.getLogger("prism.calls")
@@ -38,19 +40,23 @@ class Gateway:
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     ready: bool = False
     draining: bool = False
-    #: Hooks that have at least one implementation; the hot path skips the others.
-    used: frozenset[str] = frozenset()
+    #: Every ``prism_*`` hook as the hot path calls it (see :func:`direct_caller`), or
+    #: None when nobody implements it, so the hot path can skip it outright.
+    hot: Any = attrs.field(factory=types.SimpleNamespace)
 
     @property
     def hook(self) -> pluggy.HookRelay:
         return self.pm.hook
 
     def refresh_hooks(self) -> None:
-        """Note which hooks anyone implements (plugins may register during app setup)."""
-        self.used = frozenset(
-            name
+        """Look the hooks up again (plugins may register during app setup)."""
+        callers = {
+            name: getattr(self.pm.hook, name)
             for name in dir(self.pm.hook)
-            if name.startswith("prism_") and getattr(self.pm.hook, name).get_hookimpls()
+            if name.startswith("prism_")
+        }
+        self.hot = types.SimpleNamespace(
+            **{name: direct_caller(caller) for name, caller in callers.items()}
         )
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
@@ -76,11 +82,8 @@ class Gateway:
         call.settled = True
         recorded = True
         try:
-            pending = (
-                self.hook.prism_settle(call=call, settlement=settlement)
-                if "prism_settle" in self.used
-                else None
-            )
+            settle = self.hot.prism_settle
+            pending = settle(call=call, settlement=settlement) if settle is not None else None
             if pending:
                 # Shielded: a client leaving must not cut a ledger commit in half.
                 await asyncio.shield(asyncio.gather(*pending))
@@ -102,6 +105,36 @@ class Gateway:
                 (self.clock() - call.received_at) * 1000,
             )
         return recorded
+
+
+def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
+    """How the hot path calls a hook: None when nobody implements it; the one
+    implementation itself when there is exactly one and it wraps nothing;
+    else pluggy's caller.
+
+    pluggy's general machinery (argument checks, wrappers, result lists) costs
+    more than a typical implementation; with one plain implementation the
+    outcome is the same, results and exceptions alike.  pluggy's call tracing
+    does not see hooks called directly.
+    """
+    impls = caller.get_hookimpls()
+    if not impls:
+        return None
+    if len(impls) > 1 or impls[0].hookwrapper or impls[0].wrapper:
+        return caller
+    function, names = impls[0].function, tuple(impls[0].argnames)
+    if caller.spec is not None and caller.spec.opts.get("firstresult"):
+
+        def first(**kwargs: Any) -> Any:
+            return function(*[kwargs[name] for name in names])
+
+        return first
+
+    def collected(**kwargs: Any) -> list[Any]:
+        result = function(*[kwargs[name] for name in names])
+        return [] if result is None else [result]
+
+    return collected
 
 
 GATEWAY = web.AppKey("prism_gateway", Gateway)

@@ -51,6 +51,9 @@ class UpstreamResponse(Protocol):
     def iter_chunks(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive (for streams)."""
 
+    def at_eof(self) -> bool:
+        """Whether the whole body has arrived and been read (releasing now loses nothing)."""
+
     def close(self) -> None:
         """Drop the connection at once: the upstream sees the client go away."""
 
@@ -125,6 +128,9 @@ class _AiohttpResponse:
         # aiohttp's own iterator, not a generator around it: a stream left
         # unfinished must not leave a generator for the loop to finalise.
         return self._response.content.iter_any()
+
+    def at_eof(self) -> bool:
+        return self._response.content.at_eof()
 
     def close(self) -> None:
         self._response.close()

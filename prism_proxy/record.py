@@ -77,4 +77,6 @@ def _token(text: str) -> str:
 
 def _header_safe(text: str) -> str:
     """Header values must be one line of latin-1; catalog names are operator-written."""
+    if text.isascii() and "\n" not in text and "\r" not in text:
+        return text
     return text.encode("latin-1", "replace").decode("latin-1").replace("\r", " ").replace("\n", " ")

@@ -125,13 +125,13 @@ async def _relay_stream(
         broke: str | None = None
         tail = b""
         try:
-            async for batch in stream.batches():
+            while (batch := await stream.next_batch()) is not None:
                 if stream.done:
                     # The upstream already finished: this last batch leaves with
                     # the final event, in one write (settling comes between).
                     tail = batch
-                else:
-                    await response.write(batch)
+                    break
+                await response.write(batch)
         except StreamBroken as broken:
             broke = broken.reason
         except ConnectionResetError:

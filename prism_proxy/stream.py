@@ -10,7 +10,6 @@ the same wire format, else through a stream translator.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -42,6 +41,7 @@ class StreamBroken(Exception):
 
 class UpstreamStream:
     __slots__ = (
+        "_broken",
         "_chunks",
         "_event_bytes",
         "_forward_usage",
@@ -72,6 +72,7 @@ class UpstreamStream:
         self._chunks = response.iter_chunks().__aiter__()
         self._sse = SSEBuffer()
         self._event_bytes = _EVENT_BYTES
+        self._broken: StreamBroken | None = None
         self._forward_usage = forward_usage
         #: Events read but not yet forwarded (the held-back prelude).
         self.pending: list[bytes] = []
@@ -136,14 +137,18 @@ class UpstreamStream:
         A response left short of its end makes aiohttp close the connection
         instead of pooling it; the caller already has its answer by now.
         """
+        response = self.response
+        if response.at_eof():
+            response.release()  # the usual case: the end came with the final event
+            return
         try:
             async with asyncio.timeout(1.0):
                 while True:
                     await self._chunks.__anext__()
         except StopAsyncIteration:
-            self.response.release()
+            response.release()
         except (TimeoutError, *_READ_ERRORS):
-            self.response.close()
+            response.close()
 
     def _forward_plain_run(self, out: list[bytes]) -> None:
         """Forward, unparsed, the complete events before the first one worth a look.
@@ -164,60 +169,71 @@ class UpstreamStream:
             return b""
         return b"".join(self.translator.finish(self.usage))
 
-    async def batches(self) -> AsyncIterator[bytes]:
-        """Forwardable bytes after the commit point, one batch per network read.
+    async def next_batch(self) -> bytes | None:
+        """The next forwardable bytes after the commit point: all that one network read allows.
 
         The held-back prelude goes out with whatever else has already arrived,
-        so a fast upstream costs the caller as few writes as possible.  Ends
-        cleanly at the upstream's final event (not yielded: the relay writes
-        the caller's own after settling) or at EOF after a finish reason;
-        raises :class:`StreamBroken` otherwise.
+        so a fast upstream costs the caller as few writes as possible.  None
+        once the stream has ended cleanly: at the upstream's final event (not
+        forwarded: the relay writes the caller's own after settling) or at EOF
+        after a finish reason.  Raises :class:`StreamBroken` otherwise, after
+        returning what arrived before the break.
         """
         out, self.pending = self.pending, []
-        inspect = self.wire.inspect
-        # Forwarding the upstream's own bytes, most events need no parsing.
-        plain = self.wire.plain_text_chars if self.translator is None else None
-        next_event = self._sse.next_event
         while True:
-            broken: StreamBroken | None = None
-            if plain is not None:
-                self._forward_plain_run(out)
-            while (event := next_event()) is not None:
-                data = event_data(event)
-                if data is None:
-                    if self.translator is None:
-                        out.append(event)
-                    continue
-                if plain is not None:
-                    chars = plain(data)
-                    if chars is not None:
-                        self.delivered_chars += chars
-                        out.append(event)
-                        continue
-                kind, payload = inspect(data)
-                if kind is ChunkKind.DONE:
-                    self.done = True
-                    break
-                if kind is ChunkKind.ERROR:
-                    broken = StreamBroken("upstream sent an error event")
-                    break
-                self._take(kind, payload, event, out)
-            if out:
-                yield b"".join(out)
-                out = []
-            if broken is not None:
-                raise broken
+            if self._broken is not None:
+                if out:
+                    return b"".join(out)
+                raise self._broken
             if self.done:
-                return
+                return b"".join(out) if out else None
+            self._forward_buffered(out)
+            if out:
+                return b"".join(out)
+            if self.done or self._broken is not None:
+                continue
             try:
                 async with asyncio.timeout(self.idle_timeout):
                     await self._read()
             except TimeoutError:
-                raise StreamBroken(f"upstream silent for {self.idle_timeout:g} s") from None
+                self._broken = StreamBroken(f"upstream silent for {self.idle_timeout:g} s")
             except StopAsyncIteration:
                 if self.finished:
                     self.done = True
-                    return
-                raise StreamBroken("upstream closed the stream before it finished") from None
+                else:
+                    self._broken = StreamBroken("upstream closed the stream before it finished")
             except _READ_ERRORS as exc:
-                raise StreamBroken(f"upstream connection broke: {type(exc).__name__}") from None
+                self._broken = StreamBroken(f"upstream connection broke: {type(exc).__name__}")
+
+    def _forward_buffered(self, out: list[bytes]) -> None:
+        """Move every complete buffered event into ``out`` (forwarded or translated).
+
+        Stops at the upstream's final event (``done``) or an error event
+        (``_broken``).  Forwarding the upstream's own bytes, most events need
+        no parsing: a run of plain ones goes out whole.
+        """
+        plain = self.wire.plain_text_chars if self.translator is None else None
+        if plain is not None:
+            self._forward_plain_run(out)
+        inspect = self.wire.inspect
+        next_event = self._sse.next_event
+        while (event := next_event()) is not None:
+            data = event_data(event)
+            if data is None:
+                if self.translator is None:
+                    out.append(event)
+                continue
+            if plain is not None:
+                chars = plain(data)
+                if chars is not None:
+                    self.delivered_chars += chars
+                    out.append(event)
+                    continue
+            kind, payload = inspect(data)
+            if kind is ChunkKind.DONE:
+                self.done = True
+                return
+            if kind is ChunkKind.ERROR:
+                self._broken = StreamBroken("upstream sent an error event")
+                return
+            self._take(kind, payload, event, out)

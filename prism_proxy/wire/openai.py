@@ -45,13 +45,31 @@ def _optional(body: dict[str, Any], key: str, types: tuple[type, ...], what: str
     return value
 
 
-def _check_number_fields(body: dict[str, Any]) -> None:
-    for key in ("max_tokens", "max_completion_tokens", "n"):
-        value = _optional(body, key, (int,), "a whole number")
-        if value is not None and value < 1:
+#: Optional chat fields whose type Prism checks, with the types allowed and
+#: how the error names them.  Only fields present are looked at.
+_CHAT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "stream": ((bool,), "true or false"),
+    "stream_options": ((dict,), "an object"),
+    "max_tokens": ((int,), "a whole number"),
+    "max_completion_tokens": ((int,), "a whole number"),
+    "n": ((int,), "a whole number"),
+    "temperature": ((int, float), "a number"),
+    "top_p": ((int, float), "a number"),
+    "presence_penalty": ((int, float), "a number"),
+    "frequency_penalty": ((int, float), "a number"),
+    "tools": ((list,), "an array"),
+    "metadata": ((dict,), "an object"),
+}
+_AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n")
+
+
+def _check_chat_fields(body: dict[str, Any]) -> None:
+    for key, (types, what) in _CHAT_FIELDS.items():
+        if key not in body:
+            continue
+        value = _optional(body, key, types, what)
+        if key in _AT_LEAST_ONE and value is not None and value < 1:
             raise _bad("invalid_value", f"'{key}' must be at least 1", key)
-    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        _optional(body, key, (int, float), "a number")
 
 
 def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
@@ -80,8 +98,9 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
                 f"'{where}.content' must be a string or an array of content parts",
                 f"{where}.content",
             )
-    stream = bool(_optional(body, "stream", (bool,), "true or false"))
-    options = _optional(body, "stream_options", (dict,), "an object")
+    _check_chat_fields(body)
+    stream = bool(body.get("stream"))
+    options = body.get("stream_options")
     include_usage = False
     if options is not None:
         flag = options.get("include_usage")
@@ -92,9 +111,6 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
                 "stream_options.include_usage",
             )
         include_usage = bool(flag)
-    _check_number_fields(body)
-    _optional(body, "tools", (list,), "an array")
-    _optional(body, "metadata", (dict,), "an object")
     return model, stream, include_usage
 
 
