@@ -73,3 +73,47 @@ def test_prism_plugins_lists_where_each_plugin_came_from(tmp_path):
     assert "prism-openai" in line
     assert "prism_openai" in line and "plugin.py" in line
     assert any(line.startswith("prism.default-classify ") for line in result.stdout.splitlines())
+
+
+def test_hot_path_hooks_behave_as_pluggy_would_whether_called_directly_or_not():
+    import pluggy
+
+    from prism_proxy.gateway import direct_caller
+
+    spec = pluggy.HookspecMarker("demo")
+    impl = pluggy.HookimplMarker("demo")
+
+    class Specs:
+        @spec(firstresult=True)
+        def pick(self, call, model): ...
+
+        @spec
+        def seen(self, call, attempt): ...
+
+    class OnlyCall:  # implementations may take a subset of the arguments
+        @impl
+        def pick(self, call):
+            return f"picked {call}"
+
+        @impl
+        def seen(self, attempt):
+            return None if attempt == "quiet" else attempt
+
+    class Wrapper:
+        @impl(wrapper=True)
+        def pick(self, call, model):
+            result = yield
+            return result.upper()
+
+    pm = pluggy.PluginManager("demo")
+    pm.add_hookspecs(Specs)
+    assert direct_caller(pm.hook.pick) is None  # nobody implements it: skipped outright
+    pm.register(OnlyCall())
+    pick, seen = direct_caller(pm.hook.pick), direct_caller(pm.hook.seen)
+    assert pick is not pm.hook.pick and seen is not pm.hook.seen
+    assert pick(call=1, model=2) == pm.hook.pick(call=1, model=2) == "picked 1"
+    assert seen(call=1, attempt="loud") == pm.hook.seen(call=1, attempt="loud") == ["loud"]
+    assert seen(call=1, attempt="quiet") == pm.hook.seen(call=1, attempt="quiet") == []
+    pm.register(Wrapper())
+    assert direct_caller(pm.hook.pick) is pm.hook.pick  # a wrapper needs pluggy
+    assert pm.hook.pick(call=1, model=2) == "PICKED 1"

@@ -103,3 +103,33 @@ async def test_empty_completion_is_flagged(prism_fake, prism_gateway, stream):
         [chunk async for chunk in raw.parse()]
     assert raw.headers["x-prism-outcome"] == "empty"
     assert raw.headers["x-prism-attempt-log"].startswith("empty/up-empty empty 200")
+
+
+async def test_calls_share_one_pooled_upstream_connection(prism_fake, prism_gateway):
+    gw = await prism_gateway(chain_catalog(prism_fake, "ok"))
+    client = gw.openai()
+    for _ in range(3):
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        assert [chunk async for chunk in stream]
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+    peers = {seen.peer for seen in prism_fake.requests("ok")}
+    assert len(prism_fake.requests("ok")) == 6
+    assert len(peers) == 1, peers
+
+
+async def test_a_stream_whose_body_ends_late_is_answered_at_once_and_still_pooled(
+    prism_fake, prism_gateway
+):
+    # The final event arrives, the body's end only later: the caller is not
+    # kept waiting for it, and the connection still returns to the pool.
+    prism_fake.script("ok", [Fault(end_delay_s=0.5), Fault()])
+    gw = await prism_gateway(chain_catalog(prism_fake, "ok"))
+    client = gw.openai()
+    started = time.monotonic()
+    stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert time.monotonic() - started < 0.45
+    assert text == "Hello from up-ok. This is the fake upstream answering."
+    await client.chat.completions.create(model="m", messages=MESSAGES)
+    first, second = prism_fake.requests("ok")
+    assert first.peer == second.peer

@@ -148,5 +148,8 @@ async def stream_answer(
         await flush()
         return ex.hang_up(resp)
     pending.append(closing)
+    if fault.end_delay_s:
+        await flush()
+        await ex.pause(fault.end_delay_s)
     await resp.write_eof(b"".join(pending))
     return resp

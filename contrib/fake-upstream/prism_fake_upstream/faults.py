@@ -55,6 +55,9 @@ class Fault:
     stall_s: float = attrs.field(default=0.0, validator=_non_negative)
     first_token_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
     token_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
+    #: After a stream's final event, the body's end comes this much later (servers
+    #: that flush each event do this); the final event is flushed first.
+    end_delay_s: float = attrs.field(default=0.0, validator=_non_negative)
     die_after_chunks: int | None = attrs.field(default=None, validator=_non_negative)
     empty_length: bool = False
     text: str | None = None
@@ -104,7 +107,7 @@ def fault_from_json(obj: object) -> Fault:
     unknown = set(obj) - known
     if unknown:
         raise ValueError(f"unknown fault fields: {sorted(unknown)}")
-    for key in ("stall_s", "first_token_delay_s", "token_delay_s"):
+    for key in ("stall_s", "first_token_delay_s", "token_delay_s", "end_delay_s"):
         if key in obj and not _is_number(obj[key]):
             raise ValueError(f"{key} must be a number")
     for key in ("status", "die_after_chunks"):

@@ -27,6 +27,8 @@ class Recorded:
     headers: Mapping[str, str]
     body: Any
     received_at: float
+    #: The client's (host, port): requests sharing it came over one pooled connection.
+    peer: tuple[str, int] | None = None
 
 
 @attrs.define

@@ -39,6 +39,11 @@ def _parse_body(raw: bytes) -> Any:
         return None
 
 
+def _peer(request: web.Request) -> tuple[str, int] | None:
+    peername = request.transport.get_extra_info("peername") if request.transport else None
+    return (peername[0], peername[1]) if peername else None
+
+
 async def _admit(
     request: web.Request, scenario: str, endpoint: str
 ) -> tuple[Registry, ScenarioLog, Any]:
@@ -54,6 +59,7 @@ async def _admit(
             headers=request.headers,
             body=body,
             received_at=time.monotonic(),
+            peer=_peer(request),
         )
     )
     return registry, log, body
