@@ -3,10 +3,13 @@
 One run starts three local servers -- the fake upstream, a bare aiohttp
 pass-through proxy (``bare_proxy.py``) and ``prism serve`` pointed at that
 same upstream -- and drives each with wrk: non-streaming and streaming chat
-at concurrency 1 and 16.  It prints requests/s, p50/p99 latency and Prism's
-ratio to the bare proxy, then checks the targets.
+at concurrency 1 and 16.  Each cell is measured in several short rounds, the
+targets taking turns within a round, so a slow spell on a shared machine
+hits all of them alike.  It prints requests/s, p50/p99 latency and Prism's
+ratio to the bare proxy (the median of the per-round ratios), then checks
+the targets.
 
-    python contrib/bench/run.py [--duration 5] [--quick] [--install]
+    python contrib/bench/run.py [--duration 2] [--rounds 3] [--quick] [--install]
 
 Only 127.0.0.1 is ever contacted.  See contrib/bench/README.md.
 """
@@ -22,6 +25,7 @@ import platform
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,6 +81,8 @@ class Result:
     requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     failure: str | None = None  # wrk did not run or printed no result
+    #: Requests/s of each round, in order (one entry for a single wrk run).
+    round_rps: tuple[float, ...] = ()
 
     @property
     def error_count(self) -> int:
@@ -360,30 +366,80 @@ def parse_wrk(
                 p99_ms=data["p99_us"] / 1000.0,
                 requests=int(data["requests"]),
                 errors={k: int(v) for k, v in data["errors"].items()},
+                round_rps=(float(data["rps"]),),
             )
     output = (completed.stderr or completed.stdout).strip()[-300:]
     return Result(target, scenario, failure=f"wrk exit {completed.returncode}: {output}")
 
 
 def measure(
-    wrk: str, targets: Sequence[Target], duration: int, warmup: int, log: IO[str]
+    wrk: str,
+    targets: Sequence[Target],
+    duration: int,
+    warmup: int,
+    rounds: int,
+    log: IO[str],
 ) -> list[Result]:
+    """Every scenario, ``rounds`` times over, the targets taking turns within each round.
+
+    The turn order alternates from round to round, so neither target always
+    runs right after the other.
+    """
     results = []
     for scenario in SCENARIOS:
-        for target in targets:
-            print(f"  {scenario.label:<14} {target.label:<14}", end=" ", file=log, flush=True)
-            if warmup > 0:
+        print(f"  {scenario.label:<14}", end="", file=log, flush=True)
+        if warmup > 0:
+            for target in targets:
                 run_wrk(wrk, target, scenario, warmup)
-            result = run_wrk(wrk, target, scenario, duration)
+        runs: dict[str, list[Result]] = {t.key: [] for t in targets}
+        for round_ in range(rounds):
+            for target in targets if round_ % 2 == 0 else reversed(targets):
+                runs[target.key].append(run_wrk(wrk, target, scenario, duration))
+        for target in targets:
+            result = combine(target, scenario, runs[target.key])
             summary = (
                 result.failure
                 if result.failure
-                else f"{result.rps:9.0f} req/s  p50 {result.p50_ms:.2f} ms"
-                + ("" if result.ok else f"  errors: {error_cell(result)}")
+                else f"{result.rps:.0f} req/s"
+                + ("" if result.ok else f" errors: {error_cell(result)}")
             )
-            print(summary, file=log, flush=True)
+            print(f"  {target.label}: {summary}", end="", file=log, flush=True)
             results.append(result)
+        print(file=log, flush=True)
     return results
+
+
+def combine(target: Target, scenario: Scenario, runs: Sequence[Result]) -> Result:
+    """One cell from its rounds: mean requests/s, median latencies, every error counted."""
+    failed = next((run for run in runs if run.failure), None)
+    if failed is not None:
+        return failed
+    errors: dict[str, int] = {}
+    for run in runs:
+        for kind, count in run.errors.items():
+            errors[kind] = errors.get(kind, 0) + count
+    return Result(
+        target=target,
+        scenario=scenario,
+        rps=statistics.fmean(run.rps for run in runs),
+        p50_ms=statistics.median(run.p50_ms for run in runs),
+        p99_ms=statistics.median(run.p99_ms for run in runs),
+        requests=sum(run.requests for run in runs),
+        errors=errors,
+        round_rps=tuple(run.rps for run in runs),
+    )
+
+
+def throughput_ratio(prism: Result, bare: Result) -> float:
+    """Prism's requests/s over the bare proxy's: the median of the rounds' ratios.
+
+    Each round's pair ran back to back, so its ratio is the least disturbed
+    by whatever else the machine was doing.
+    """
+    pairs = list(zip(prism.round_rps, bare.round_rps, strict=False))
+    if len(pairs) == len(prism.round_rps) == len(bare.round_rps) and all(b > 0 for _, b in pairs):
+        return statistics.median(p / b for p, b in pairs)
+    return prism.rps / bare.rps
 
 
 # --------------------------------------------------------------------------- report
@@ -408,7 +464,7 @@ def error_cell(result: Result) -> str:
 def versus_bare(result: Result, bare: Result | None) -> tuple[str, str]:
     if result.target.key != "prism" or bare is None or bare.rps <= 0 or result.failure:
         return "", ""
-    return f"{result.rps / bare.rps:.2f}x", f"{result.p50_ms - bare.p50_ms:+.2f}"
+    return f"{throughput_ratio(result, bare):.2f}x", f"{result.p50_ms - bare.p50_ms:+.2f}"
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -459,7 +515,7 @@ def check_line(results: Sequence[Result], concurrency: int, kind: str) -> str:
             details.append(f"{name}: errors in run")
             continue
         if kind == "throughput":
-            ratio = prism.rps / bare.rps
+            ratio = throughput_ratio(prism, bare)
             verdicts.append(ratio >= THROUGHPUT_TARGET)
             details.append(f"{name} {ratio:.2f}x")
         else:
@@ -484,8 +540,9 @@ def footer(args: argparse.Namespace, wrk: str) -> str:
     import aiohttp  # only for its version; the runner itself does not use it
 
     return (
-        f"duration {args.duration} s per cell after {args.warmup} s warm-up; wrk -t1 for c1, "
-        f"-t2 for c16; {os.cpu_count()} CPUs.\n"
+        f"{args.rounds} rounds of {args.duration} s per cell, the targets taking turns, after a "
+        f"{args.warmup} s warm-up;\nreq/s is the rounds' mean, latencies their median, 'vs bare' "
+        f"the median of the rounds' ratios;\nwrk -t1 for c1, -t2 for c16; {os.cpu_count()} CPUs.\n"
         f"{wrk_version(wrk)}, Python {platform.python_version()}, aiohttp {aiohttp.__version__}, "
         "servers on uvloop, one process each.\n"
         "Caveats: wrk, the fake upstream and the proxy under test share the same CPUs, so every\n"
@@ -503,9 +560,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Benchmark Prism against a bare aiohttp proxy and the upstream itself."
     )
-    parser.add_argument("--duration", type=int, default=5, help="seconds per measurement (5)")
+    parser.add_argument("--duration", type=int, default=2, help="seconds per round (2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per cell (3)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")
-    parser.add_argument("--quick", action="store_true", help="2 s per measurement")
+    parser.add_argument("--quick", action="store_true", help="one round of 2 s per cell")
     parser.add_argument(
         "--install", action="store_true", help="apt-get install wrk if it is missing (root)"
     )
@@ -516,9 +574,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration = 2
-    if args.duration < 1 or args.warmup < 0:
-        parser.error("--duration must be >= 1 and --warmup >= 0")
+        args.duration, args.rounds = 2, 1
+    if args.duration < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--duration and --rounds must be >= 1, --warmup >= 0")
     return args
 
 
@@ -554,8 +612,9 @@ def benchmark(args: argparse.Namespace, wrk: str, repo: Path, workdir: Path) -> 
         probes = {t.key: p for t in targets if (p := probe(t)) is not None}
         for key, problem in probes.items():
             print(f"probe {key}: {problem}", file=sys.stderr)
-        print(f"measuring ({len(SCENARIOS) * len(targets)} cells):", file=sys.stderr)
-        results = measure(wrk, targets, args.duration, args.warmup, sys.stderr)
+        cells = len(SCENARIOS) * len(targets)
+        print(f"measuring ({cells} cells, {args.rounds} rounds each):", file=sys.stderr)
+        results = measure(wrk, targets, args.duration, args.warmup, args.rounds, sys.stderr)
         print()
         print(format_table(results))
         print()
