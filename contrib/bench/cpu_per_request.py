@@ -50,6 +50,10 @@ async def load(port: int, stream: bool, duration: int) -> int:
     return int(line.split()[0])
 
 
+def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def main(duration: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch) / "prism.ini"
@@ -60,9 +64,8 @@ async def main(duration: int) -> None:
             f'[providers.p]\nkind = "openai"\nbase_url = "http://127.0.0.1:{UPSTREAM}/s/ok/v1"\n'
             '[models.bench]\nchain = [ { provider = "p", model = "x" } ]\n'
         )
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        upstream = subprocess.Popen([BIN / "prism-fake-upstream", "--port", str(UPSTREAM)], **quiet)
-        bare = subprocess.Popen(
+        upstream = start([BIN / "prism-fake-upstream", "--port", str(UPSTREAM)])
+        bare = start(
             [
                 sys.executable,
                 HERE / "bare_proxy.py",
@@ -70,10 +73,9 @@ async def main(duration: int) -> None:
                 str(BARE),
                 "--upstream",
                 f"http://127.0.0.1:{UPSTREAM}/s/ok/v1",
-            ],
-            **quiet,
+            ]
         )
-        prism = subprocess.Popen([BIN / "prism", "serve", "--config", config], **quiet)
+        prism = start([BIN / "prism", "serve", "--config", config])
         try:
             await asyncio.sleep(3)
             for stream in (False, True):
