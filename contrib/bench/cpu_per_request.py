@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from run import write_prism_config
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 UPSTREAM, BARE, PRISM = 18977, 18979, 18978
@@ -56,14 +58,7 @@ def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
 
 async def main(duration: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        config = Path(scratch) / "prism.ini"
-        config.write_text(
-            f"[prism]\nlisten = 127.0.0.1:{PRISM}\ncatalog = catalog.toml\nlog_level = WARNING\n"
-        )
-        (Path(scratch) / "catalog.toml").write_text(
-            f'[providers.p]\nkind = "openai"\nbase_url = "http://127.0.0.1:{UPSTREAM}/s/ok/v1"\n'
-            '[models.bench]\nchain = [ { provider = "p", model = "x" } ]\n'
-        )
+        config = write_prism_config(Path(scratch), PRISM, f"http://127.0.0.1:{UPSTREAM}/s/ok/v1")
         upstream = start([BIN / "prism-fake-upstream", "--port", str(UPSTREAM)])
         bare = start(
             [

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+from run import write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -104,14 +105,7 @@ def count(argv: list[str], ready_path: str, stream: bool, args: argparse.Namespa
 
 def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        config = Path(scratch) / "prism.ini"
-        config.write_text(
-            f"[prism]\nlisten = 127.0.0.1:{PROXY}\ncatalog = catalog.toml\nlog_level = WARNING\n"
-        )
-        (Path(scratch) / "catalog.toml").write_text(
-            f'[providers.p]\nkind = "openai"\nbase_url = "http://127.0.0.1:{UPSTREAM}/s/ok/v1"\n'
-            '[models.bench]\nchain = [ { provider = "p", model = "x" } ]\n'
-        )
+        config = write_prism_config(Path(scratch), PROXY, f"http://127.0.0.1:{UPSTREAM}/s/ok/v1")
         proxies = {
             "bare proxy": (
                 [
