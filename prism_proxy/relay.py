@@ -141,7 +141,7 @@ async def _relay_stream(
             log.exception("relay failed on %s", call.request_id)
             broke = f"relay failed: {type(exc).__name__}"
         if broke is not None:
-            served.response.close()
+            stream.close()
             err = PrismError(
                 502,
                 "upstream_stream_broken",
@@ -175,7 +175,7 @@ async def _relay_stream(
 
 
 async def _abort(gw: Gateway, call: Call, served: Served, stream: UpstreamStream) -> None:
-    served.response.close()
+    stream.close()
     usage = _usage_so_far(call, stream)
     await gw.settle(call, Settlement("aborted", 499, served.attempt, usage, "client_closed"))
 

@@ -45,7 +45,10 @@ class UpstreamStream:
         "_chunks",
         "_event_bytes",
         "_forward_usage",
+        "_silent",
         "_sse",
+        "_waiting_since",
+        "_watchdog",
         "delivered_chars",
         "done",
         "finished",
@@ -83,6 +86,10 @@ class UpstreamStream:
         self.done = False
         #: After the commit point, the longest silence tolerated between reads.
         self.idle_timeout = idle_timeout
+        #: Loop time a read after the commit point started waiting (None: not waiting).
+        self._waiting_since: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._silent = False
 
     async def _read(self) -> None:
         """Read once from the network (StopAsyncIteration at EOF)."""
@@ -131,12 +138,67 @@ class UpstreamStream:
         elif kind is not ChunkKind.USAGE or self._forward_usage:
             out.append(event)
 
+    async def _read_unless_silent(self) -> None:
+        """Read once, unless the upstream stays silent longer than ``idle_timeout``.
+
+        One watchdog timer per stream, not a timeout per read: a stream of
+        a thousand tokens is a thousand reads, and a timer armed and
+        cancelled around each cost more than the rest of the relay's work
+        on the read.  Raises TimeoutError when the watchdog ended the wait.
+        """
+        idle = self.idle_timeout
+        if idle is None:
+            await self._read()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        self._waiting_since = loop.time()
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._waiting_since + idle, self._watch, task, idle)
+        try:
+            await self._read()
+        except asyncio.CancelledError:
+            # Only the watchdog's own cancellation becomes a timeout; a
+            # caller leaving (or a shutdown) cancels as usual.
+            if self._silent and task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting_since = None
+
+    def _watch(self, task: asyncio.Task[Any], idle: float) -> None:
+        """Cancel a read that has waited ``idle`` seconds; else look again when one could have."""
+        self._watchdog = None
+        if self.done or self._broken is not None or task.done():
+            return
+        loop = task.get_loop()
+        now = loop.time()
+        since = self._waiting_since
+        if since is not None and now - since >= idle:
+            self._silent = True
+            task.cancel()
+            return
+        due = (now if since is None else since) + idle
+        self._watchdog = loop.call_at(due, self._watch, task, idle)
+
+    def close(self) -> None:
+        """Drop the upstream at once (a broken stream, a caller gone)."""
+        self._stop_watch()
+        self.response.close()
+
+    def _stop_watch(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
     async def finish(self) -> None:
         """Read what follows the final event (the chunked body's end), then release.
 
         A response left short of its end makes aiohttp close the connection
         instead of pooling it; the caller already has its answer by now.
         """
+        self._stop_watch()
         response = self.response
         if response.at_eof():
             response.release()  # the usual case: the end came with the final event
@@ -193,8 +255,7 @@ class UpstreamStream:
             if self.done or self._broken is not None:
                 continue
             try:
-                async with asyncio.timeout(self.idle_timeout):
-                    await self._read()
+                await self._read_unless_silent()
             except TimeoutError:
                 self._broken = StreamBroken(f"upstream silent for {self.idle_timeout:g} s")
             except StopAsyncIteration:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import aiohttp
@@ -133,3 +134,45 @@ async def test_a_stream_whose_body_ends_late_is_answered_at_once_and_still_poole
     await client.chat.completions.create(model="m", messages=MESSAGES)
     first, second = prism_fake.requests("ok")
     assert first.peer == second.peer
+
+
+async def test_a_stream_gone_silent_after_its_first_content_ends_with_an_error_event(
+    prism_fake, prism_gateway, recorder
+):
+    prism_fake.script("quiet", [Fault(token_delay_s=30)])
+    gw = await prism_gateway(
+        chain_catalog(prism_fake, "quiet"), config={"attempt_timeout_ms": 1000}
+    )
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session, asyncio.timeout(10):
+        async with session.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as response:
+            body = await response.read()
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 4
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in body.split(b"\n\n") if e]
+    assert any(e.get("choices") and e["choices"][0]["delta"].get("content") for e in events)
+    assert events[-1]["error"]["code"] == "upstream_stream_broken"
+    assert "silent for 1 s" in events[-1]["error"]["message"]
+    [(_, settlement)] = recorder.settled
+    assert settlement.outcome == "error"
+    for _ in range(40):  # the upstream is dropped, not left streaming into nowhere
+        if prism_fake.dropped("quiet"):
+            break
+        await asyncio.sleep(0.05)
+    assert prism_fake.dropped("quiet") == 1
+
+
+async def test_a_slow_stream_that_never_pauses_for_long_is_not_cut(prism_fake, prism_gateway):
+    # Each pause is shorter than the attempt timeout; the whole answer takes longer.
+    prism_fake.script("steady", [Fault(token_delay_s=0.25)])
+    gw = await prism_gateway(
+        chain_catalog(prism_fake, "steady"), config={"attempt_timeout_ms": 1000}
+    )
+    started = time.monotonic()
+    stream = await gw.openai().chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert time.monotonic() - started > 1.5
+    assert text == "Hello from up-steady. This is the fake upstream answering."

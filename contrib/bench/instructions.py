@@ -9,7 +9,10 @@ requests (sent by this script, at a small concurrency, over loopback) and off
 again.  Counts are user-space instructions only: system calls are not in them.
 Needs valgrind (Debian: ``apt-get install valgrind``).
 
-    python contrib/bench/instructions.py [--requests 400] [--concurrency 4]
+    python contrib/bench/instructions.py [--requests 400] [--concurrency 4] [--scenario ok]
+
+``--scenario slow`` has the fake pause between tokens, so a stream arrives
+one event per read, as from a real model.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ def count(argv: list[str], ready_path: str, stream: bool, args: argparse.Namespa
 
 def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        config = write_prism_config(Path(scratch), PROXY, f"http://127.0.0.1:{UPSTREAM}/s/ok/v1")
+        upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/{args.scenario}/v1"
+        config = write_prism_config(Path(scratch), PROXY, upstream_base)
         proxies = {
             "bare proxy": (
                 [
@@ -114,7 +118,7 @@ def main(args: argparse.Namespace) -> None:
                     "--port",
                     str(PROXY),
                     "--upstream",
-                    f"http://127.0.0.1:{UPSTREAM}/s/ok/v1",
+                    upstream_base,
                 ],
                 "/healthz",
             ),
@@ -143,6 +147,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400, help="requests counted (400)")
     parser.add_argument("--warmup", type=int, default=200, help="requests before counting (200)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
+    parser.add_argument("--scenario", default="ok", help="fake upstream scenario (ok; slow)")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:
