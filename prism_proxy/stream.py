@@ -45,6 +45,8 @@ class UpstreamStream:
         "_chunks",
         "_event_bytes",
         "_forward_usage",
+        "_fresh",
+        "_reader",
         "_silent",
         "_sse",
         "_waiting_since",
@@ -90,10 +92,14 @@ class UpstreamStream:
         self._waiting_since: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._silent = False
+        #: The buffer holds bytes no batch has looked at yet.
+        self._fresh = True
+        self._reader: asyncio.Task[Any] | None = None
 
     async def _read(self) -> None:
         """Read once from the network (StopAsyncIteration at EOF)."""
         self._sse.feed(await self._chunks.__anext__())
+        self._fresh = True
 
     async def until_commit(self) -> tuple[bytes | None, Any, bool]:
         """Read up to the commit point.
@@ -150,8 +156,10 @@ class UpstreamStream:
         if idle is None:
             await self._read()
             return
-        task = asyncio.current_task()
-        assert task is not None
+        task = self._reader
+        if task is None:
+            task = self._reader = asyncio.current_task()  # the relay reads from one task
+            assert task is not None
         loop = task.get_loop()
         self._waiting_since = loop.time()
         if self._watchdog is None:
@@ -249,11 +257,13 @@ class UpstreamStream:
                 raise self._broken
             if self.done:
                 return b"".join(out) if out else None
-            self._forward_buffered(out)
-            if out:
-                return b"".join(out)
-            if self.done or self._broken is not None:
-                continue
+            if self._fresh:
+                self._fresh = False
+                self._forward_buffered(out)
+                if out:
+                    return b"".join(out)
+                if self.done or self._broken is not None:
+                    continue
             try:
                 await self._read_unless_silent()
             except TimeoutError:
