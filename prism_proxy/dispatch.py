@@ -63,7 +63,7 @@ class Served:
         if self.stream is None:
             self.response.release()
         else:
-            self.response.close()
+            self.stream.close()
 
 
 class PassThrough(Exception):
