@@ -26,7 +26,7 @@ from .answers import (
     tool_arguments_json,
     tool_result_answer,
 )
-from .exchange import Exchange, Route, WireFormat, stream_answer
+from .exchange import Exchange, Route, WireFormat, json_bytes, stream_answer
 
 __all__ = ["anthropic_wire", "error_body", "error_response"]
 
@@ -252,7 +252,7 @@ def _plan(body: Mapping[str, Any], messages: Sequence[Any], model: str, ex: Exch
 
 
 def _event(name: str, payload: Any) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + json_bytes(payload) + b"\n\n"
 
 
 _PING = _event("ping", {"type": "ping"})
@@ -289,12 +289,23 @@ async def _stream_message(
     ex: Exchange, message: Mapping[str, Any], answer: _Answer, headers: Mapping[str, str]
 ) -> web.StreamResponse:
     usage = message["usage"]
+    start_usage = {**usage, "output_tokens": 1}
+    delta_usage = {"output_tokens": usage["output_tokens"]}
+    override = ex.fault.usage
+    if override:
+        # See Fault.usage: each event lies only about what it reports, and a
+        # made-up key goes where a client reads the final numbers.
+        for key, value in override.items():
+            if key in start_usage:
+                start_usage[key] = value
+            if key in delta_usage or key not in start_usage:
+                delta_usage[key] = value
     start = {
         **message,
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {**usage, "output_tokens": 1},
+        "usage": start_usage,
     }
     opening = [_event("message_start", {"type": "message_start", "message": start})]
     has_block = bool(answer.tokens) or answer.tool_name is not None
@@ -324,7 +335,7 @@ async def _stream_message(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": answer.stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]},
+                "usage": delta_usage,
             },
         )
     )
@@ -353,6 +364,15 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
         return ex.hang_up()
 
     answer = _plan(body, messages, model, ex)
+    usage: dict[str, Any] = {
+        "input_tokens": _input_tokens(body, messages),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": len(answer.tokens),
+    }
+    if fault.usage and not stream:
+        # A stream spreads usage over two events; _stream_message applies it there.
+        usage.update(fault.usage)
     message = {
         "id": "msg_" + os.urandom(12).hex(),
         "type": "message",
@@ -361,12 +381,7 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
         "content": answer.content(),
         "stop_reason": answer.stop_reason,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": _input_tokens(body, messages),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "output_tokens": len(answer.tokens),
-        },
+        "usage": usage,
     }
 
     if stream:
@@ -377,7 +392,7 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
     # A real upstream takes as long to answer as it takes to generate.
     await ex.pause(fault.first_token_delay_s + fault.token_delay_s * max(len(answer.tokens) - 1, 0))
     return web.Response(
-        body=orjson.dumps(message),
+        body=json_bytes(message),
         headers=ex.response_headers({**_JSON_HEADERS, "request-id": _request_id()}),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -20,10 +21,18 @@ def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON (orjson refused them too), and a NaN
+    # delay would pass the non-negative check.
+    raise ValueError(f"{name} is not JSON")
+
+
 async def _set_script(request: web.Request) -> web.Response:
     try:
-        data: Any = orjson.loads(await request.read())
-    except orjson.JSONDecodeError:
+        # Not orjson: it reads integers beyond 64 bits as floats, and a
+        # Fault.usage must reach the client exactly as scripted.
+        data: Any = json.loads(await request.read(), parse_constant=_reject_constant)
+    except ValueError:
         return _error(400, "body must be a JSON list of faults")
     if not isinstance(data, list):
         return _error(400, "body must be a JSON list of faults")

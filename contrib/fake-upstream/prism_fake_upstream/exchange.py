@@ -8,19 +8,39 @@ drop counting are shared and live in server.py.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 from aiohttp import web
 
 from .faults import Fault
 
-__all__ = ["ClientGone", "EndpointHandler", "Exchange", "Route", "WireFormat", "stream_answer"]
+__all__ = [
+    "ClientGone",
+    "EndpointHandler",
+    "Exchange",
+    "Route",
+    "WireFormat",
+    "json_bytes",
+    "stream_answer",
+]
 
 # How often a delay looks for a vanished client when the server was not set
 # up to cancel handlers on disconnect (someone else running ``fake.app``).
 _DISCONNECT_POLL_S = 0.1
+
+
+def json_bytes(payload: Any) -> bytes:
+    """``orjson.dumps``, but also for integers beyond 64 bits."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        # orjson refuses integers beyond 64 bits, and a Fault.usage meant to
+        # overflow a client's counters may well hold one.
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class ClientGone(Exception):
@@ -115,6 +135,8 @@ async def stream_answer(
     is flushed before the pause, so clients see the intended timing.  A
     ``die_after_chunks`` drops the connection after that many pieces; a
     ``stream_error`` ends the stream with ``error_event`` instead of closing.
+    A ``bad_event`` goes out after ``bad_event_at`` pieces (or after the last
+    one), unless the stream was cut before that.
     """
     fault = ex.fault
     resp = web.StreamResponse(headers=ex.response_headers(headers))
@@ -135,11 +157,18 @@ async def stream_answer(
     if cut is None and fault.stream_error is not None:
         cut = 0
     emitted = pieces if cut is None else pieces[:cut]
-    for i, piece in enumerate(emitted):
-        if i and fault.token_delay_s:
+    bad_event = None if fault.bad_event is None else b"data: " + fault.bad_event + b"\n\n"
+    # Clamped so that a test need not know how many pieces the answer has.
+    bad_at = min(fault.bad_event_at, len(pieces))
+    if bad_event is not None and bad_at == 0:
+        pending.append(bad_event)
+    for i, piece in enumerate(emitted, 1):
+        if i > 1 and fault.token_delay_s:
             await flush()
             await ex.pause(fault.token_delay_s)
         pending.append(piece)
+        if bad_event is not None and i == bad_at:
+            pending.append(bad_event)
     if fault.stream_error is not None:
         pending.append(error_event(fault.stream_error))
         await resp.write_eof(b"".join(pending))

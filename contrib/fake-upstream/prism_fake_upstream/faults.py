@@ -35,6 +35,16 @@ def _to_headers(value: Mapping[str, str]) -> Mapping[str, str]:
     return dict(value)
 
 
+def _to_usage(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    # Copied for the same reason as headers.
+    return None if value is None else dict(value)
+
+
+def _to_event(value: bytes | str | None) -> bytes | None:
+    # A str is accepted because the control API can only carry text.
+    return value.encode() if isinstance(value, str) else value
+
+
 def _non_negative(_inst: object, attr: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"{attr.name} must be >= 0, got {value!r}")
@@ -62,6 +72,22 @@ class Fault:
     empty_length: bool = False
     text: str | None = None
     stream_error: dict[str, Any] | None = None
+    #: Lies about usage. Merged (shallowly, values sent verbatim, nothing
+    #: recomputed: total_tokens stays honest unless overridden too) over the
+    #: usage of the OpenAI completion, streamed usage chunk and embeddings, and
+    #: of the Anthropic message. An Anthropic stream has two partial usages:
+    #: message_start's gets the keys it already carries, message_delta's gets
+    #: output_tokens and every key message_start does not carry.
+    usage: dict[str, Any] | None = attrs.field(default=None, converter=_to_usage)
+    #: One malformed SSE event, ``data: <bad_event>\n\n`` verbatim (no
+    #: ``event:`` line on either wire), sent in a stream after ``bad_event_at``
+    #: content pieces (0: before the first; past the last piece: right after
+    #: it, so a test need not count pieces); the stream then goes on normally.
+    #: Not sent when die_after_chunks/stream_error end the stream before that
+    #: point; a non-streamed answer ignores it. Bytes, not text, so it can be
+    #: invalid UTF-8 as well as invalid JSON.
+    bad_event: bytes | None = attrs.field(default=None, converter=_to_event)
+    bad_event_at: int = attrs.field(default=0, validator=_non_negative)
 
     def to_json(self) -> dict[str, Any]:
         """The control-API form of this Fault (inverse of fault_from_json)."""
@@ -72,7 +98,14 @@ class Fault:
                 continue
             if field.name == "body" and isinstance(value, bytes):
                 value = value.decode()
-            elif field.name == "headers":
+            elif field.name == "bad_event":
+                try:
+                    value = value.decode()
+                except UnicodeDecodeError:
+                    raise ValueError(
+                        "bad_event is not valid UTF-8; the control API carries it as text"
+                    ) from None
+            elif field.name in ("headers", "usage"):
                 value = dict(value)
             out[field.name] = value
         return out
@@ -110,20 +143,24 @@ def fault_from_json(obj: object) -> Fault:
     for key in ("stall_s", "first_token_delay_s", "token_delay_s", "end_delay_s"):
         if key in obj and not _is_number(obj[key]):
             raise ValueError(f"{key} must be a number")
-    for key in ("status", "die_after_chunks"):
+    for key in ("status", "die_after_chunks", "bad_event_at"):
         value = obj.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"{key} must be an integer")
-    if "status" in obj and obj["status"] is None:
-        raise ValueError("status must be an integer")
+    for key in ("status", "bad_event_at"):
+        if key in obj and obj[key] is None:
+            raise ValueError(f"{key} must be an integer")
     if "empty_length" in obj and not isinstance(obj["empty_length"], bool):
         raise ValueError("empty_length must be a boolean")
     if obj.get("text") is not None and not isinstance(obj["text"], str):
         raise ValueError("text must be a string")
     if obj.get("body") is not None and not isinstance(obj["body"], str | dict):
         raise ValueError("body must be a JSON object or a string")
-    if obj.get("stream_error") is not None and not isinstance(obj["stream_error"], dict):
-        raise ValueError("stream_error must be a JSON object")
+    for key in ("stream_error", "usage"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            raise ValueError(f"{key} must be a JSON object")
+    if obj.get("bad_event") is not None and not isinstance(obj["bad_event"], str):
+        raise ValueError("bad_event must be a string")
     headers = obj.get("headers", {})
     if not isinstance(headers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()

@@ -23,7 +23,7 @@ from .answers import (
     tool_arguments_json,
     tool_result_answer,
 )
-from .exchange import Exchange, Route, WireFormat, stream_answer
+from .exchange import Exchange, Route, WireFormat, json_bytes, stream_answer
 from .vectors import embedding_for_text, embedding_for_tokens, unpack_floats
 
 __all__ = [
@@ -117,7 +117,7 @@ def _invalid(ex: Exchange, message: str, param: str | None) -> web.Response:
 
 
 def _json(ex: Exchange, payload: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), headers=ex.response_headers(_JSON_HEADERS))
+    return web.Response(body=json_bytes(payload), headers=ex.response_headers(_JSON_HEADERS))
 
 
 def _int_field(body: Mapping[str, Any], key: str) -> int | None:
@@ -127,8 +127,10 @@ def _int_field(body: Mapping[str, Any], key: str) -> int | None:
     return None
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
+def _usage(
+    prompt_tokens: int, completion_tokens: int, override: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -140,6 +142,9 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
             "rejected_prediction_tokens": 0,
         },
     }
+    if override:
+        usage.update(override)
+    return usage
 
 
 @attrs.frozen
@@ -224,7 +229,7 @@ class _ChunkFrames:
         )
 
     def usage(self, usage: Mapping[str, Any]) -> bytes:
-        return self.head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
+        return self.head + b'],"usage":' + json_bytes(usage) + b"}\n\n"
 
 
 def _stream_error_event(error: Mapping[str, Any]) -> bytes:
@@ -351,7 +356,7 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
                 tokens = tokens[:limit]
                 finish_reason = "length"
 
-    usage = _usage(count_message_words(messages), len(tokens))
+    usage = _usage(count_message_words(messages), len(tokens), fault.usage)
     completion_id = "chatcmpl-" + os.urandom(12).hex()
     created = int(time.time())
 
@@ -471,15 +476,10 @@ async def _embeddings(ex: Exchange) -> web.StreamResponse:
             base64.b64encode(packed).decode() if encoding == "base64" else unpack_floats(packed)
         )
         data.append({"object": "embedding", "index": index, "embedding": vector})
-    return _json(
-        ex,
-        {
-            "object": "list",
-            "data": data,
-            "model": model,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        },
-    )
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    if ex.fault.usage:
+        usage.update(ex.fault.usage)
+    return _json(ex, {"object": "list", "data": data, "model": model, "usage": usage})
 
 
 def openai_wire(models: Sequence[str] = DEFAULT_MODELS) -> WireFormat:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1196,3 +1197,243 @@ async def test_anthropic_base_url_with_v1_gets_a_hint(fake: FakeUpstream) -> Non
         with pytest.raises(anthropic.NotFoundError) as info:
             await client.messages.create(model="m1", max_tokens=10, messages=A_MESSAGES)
     assert "without /v1" in str(info.value)
+
+
+# --- lying upstreams: usage overrides and bad stream events ------------------
+
+WORDS = len(DEFAULT_TEXT.split())
+# Beyond 64 bits on purpose: orjson cannot encode it, and a gateway's counters
+# should not be able to hold it.
+HUGE = 10**30
+
+
+def sse_blocks(raw: bytes) -> list[bytes]:
+    """The raw SSE events of a body, without their blank-line terminators."""
+    assert raw.endswith(b"\n\n")
+    return raw[:-2].split(b"\n\n")
+
+
+def loads_exact(raw: bytes) -> Any:
+    # The stdlib keeps integers beyond 64 bits; orjson would make them floats.
+    return json.loads(raw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_usage_override(
+    fake: FakeUpstream, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    lies = {"completion_tokens": HUGE, "prompt_tokens": "lots", "made_up": [-5, 1e308]}
+    fake.script("liar", [Fault(usage=lies)] * 2)
+    url = fake.base_url("liar") + "/chat/completions"
+    body = {**CHAT, "stream": stream, "stream_options": {"include_usage": True}}
+    async with http.post(url, json=body if stream else CHAT) as resp:
+        raw = await resp.read()
+    if stream:
+        blocks = sse_blocks(raw)
+        assert blocks[-1] == b"data: [DONE]"
+        usage = loads_exact(blocks[-2].removeprefix(b"data: "))["usage"]
+        assert all(b'"usage":null' in b for b in blocks[:-2])
+    else:
+        usage = loads_exact(raw)["usage"]
+    assert str(HUGE).encode() in raw
+    assert usage["completion_tokens"] == HUGE
+    assert usage["prompt_tokens"] == "lots"
+    assert usage["made_up"] == [-5, 1e308]
+    # Only the overridden fields lie; the rest is still the honest count.
+    assert usage["total_tokens"] == 3 + WORDS
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 0
+
+    # Without include_usage a stream still has no usage chunk to lie in.
+    if stream:
+        async with http.post(url, json={**CHAT, "stream": True}) as resp:
+            raw = await resp.read()
+        assert b"usage" not in raw and str(HUGE).encode() not in raw
+
+
+async def test_openai_embeddings_usage_override(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    fake.script("liar", [Fault(usage={"prompt_tokens": -5, "total_tokens": 1e308})])
+    async with http.post(
+        fake.base_url("liar") + "/embeddings", json={"model": "e1", "input": "a b"}
+    ) as resp:
+        data = await resp.json()
+    assert data["usage"] == {"prompt_tokens": -5, "total_tokens": 1e308}
+    assert len(data["data"][0]["embedding"]) == 8
+
+
+async def test_anthropic_usage_override(fake: FakeUpstream, http: aiohttp.ClientSession) -> None:
+    lies = {"input_tokens": "lots", "output_tokens": -5, "made_up": HUGE}
+    fake.script("liar", [Fault(usage=lies)] * 2)
+    url = fake.url + "/s/liar/v1/messages"
+    async with http.post(url, json=A_BODY) as resp:
+        message = loads_exact(await resp.read())
+    assert message["usage"] == {
+        "input_tokens": "lots",
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": -5,
+        "made_up": HUGE,
+    }
+
+    async with http.post(url, json={**A_BODY, "stream": True}) as resp:
+        blocks = sse_blocks(await resp.read())
+    events = {}
+    for block in blocks:
+        name, data = block.split(b"\n")
+        events[name.removeprefix(b"event: ").decode()] = loads_exact(data.removeprefix(b"data: "))
+    # Each event lies about the fields it carries; a key neither carries
+    # goes into message_delta, whose usage is the final one.
+    assert events["message_start"]["message"]["usage"] == {
+        "input_tokens": "lots",
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": -5,
+    }
+    assert events["message_delta"]["usage"] == {"output_tokens": -5, "made_up": HUGE}
+    assert "message_stop" in events
+
+
+@pytest.mark.parametrize(
+    ("bad", "at", "position"),
+    [
+        (b'{"choices": [oops', 0, 0),
+        (b'{"x": "\xff\xfe"}', 2, 2),
+        (b"not json at all", WORDS, WORDS),
+        (b'{"choices": [oops', 100, WORDS),
+    ],
+)
+async def test_openai_bad_event(
+    fake: FakeUpstream, http: aiohttp.ClientSession, bad: bytes, at: int, position: int
+) -> None:
+    fake.script("bad", [Fault(bad_event=bad, bad_event_at=at)] * 2)
+    url = fake.base_url("bad") + "/chat/completions"
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    async with http.post(url, json=body) as resp:
+        blocks = sse_blocks(await resp.read())
+    # After the role chunk and `position` content chunks.
+    assert blocks.index(b"data: " + bad) == 1 + position
+    blocks.remove(b"data: " + bad)
+    chunks = [orjson.loads(b.removeprefix(b"data: ")) for b in blocks[:-1]]
+    assert blocks[-1] == b"data: [DONE]"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1]) == (
+        DEFAULT_TEXT
+    )
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] == WORDS
+
+    # A non-streamed answer has no events to spoil.
+    async with http.post(url, json=CHAT) as resp:
+        assert (await resp.json())["choices"][0]["message"]["content"] == DEFAULT_TEXT
+
+
+async def test_bad_event_with_delays_and_cut_streams(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    bad = b"data: {oops\n\n"
+    fake.script(
+        "bad",
+        [
+            Fault(bad_event=b"{oops", bad_event_at=2, token_delay_s=0.01),
+            Fault(bad_event=b"{oops", bad_event_at=2, die_after_chunks=2),
+            Fault(bad_event=b"{oops", bad_event_at=3, die_after_chunks=2),
+            Fault(bad_event=b"{oops", stream_error={"message": "boom"}),
+        ],
+    )
+    url = fake.base_url("bad") + "/chat/completions"
+    async with http.post(url, json={**CHAT, "stream": True}) as resp:
+        raw = await resp.read()
+    assert sse_blocks(raw).index(b"data: {oops") == 3
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+    for expected in (True, False):
+        received = b""
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with http.post(url, json={**CHAT, "stream": True}) as resp:
+                async for line in resp.content:
+                    received += line
+        assert received.endswith(bad) is expected
+        assert received.count(b'"content":"') == 3  # the role chunk and two words
+
+    async with http.post(url, json={**CHAT, "stream": True}) as resp:
+        blocks = sse_blocks(await resp.read())
+    assert blocks[1:] == [b"data: {oops", b'data: {"error":{"message":"boom"}}']
+
+
+@pytest.mark.parametrize(("at", "position"), [(0, 0), (1, 1), (100, WORDS)])
+async def test_anthropic_bad_event(
+    fake: FakeUpstream, http: aiohttp.ClientSession, at: int, position: int
+) -> None:
+    bad = b'{"type": "content_block_delta", "delta": \xff'
+    fake.script("bad", [Fault(bad_event=bad, bad_event_at=at)] * 2)
+    url = fake.url + "/s/bad/v1/messages"
+    async with http.post(url, json={**A_BODY, "stream": True}) as resp:
+        blocks = sse_blocks(await resp.read())
+    # After message_start, content_block_start, ping and `position` deltas;
+    # a bare data line, with no event name.
+    assert blocks.index(b"data: " + bad) == 3 + position
+    blocks.remove(b"data: " + bad)
+    names = [b.split(b"\n")[0].removeprefix(b"event: ").decode() for b in blocks]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        *["content_block_delta"] * WORDS,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+
+    async with http.post(url, json=A_BODY) as resp:
+        assert (await resp.json())["content"] == [{"type": "text", "text": DEFAULT_TEXT}]
+
+
+async def test_control_api_usage_and_bad_event(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    fault = Fault(usage={"completion_tokens": HUGE}, bad_event=b'{"choices": [oops', bad_event_at=1)
+    async with http.post(fake.url + "/_fake/script/ctl", json=[fault.to_json()]) as r:
+        assert r.status == 204
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    async with http.post(fake.base_url("ctl") + "/chat/completions", json=body) as resp:
+        blocks = sse_blocks(await resp.read())
+    assert blocks[2] == b'data: {"choices": [oops'
+    assert loads_exact(blocks[-2].removeprefix(b"data: "))["usage"]["completion_tokens"] == HUGE
+
+    for bad in ({"bad_event_at": -1}, {"bad_event": 5}, {"usage": [1]}):
+        async with http.post(fake.url + "/_fake/script/ctl", json=[bad]) as r:
+            assert r.status == 400
+
+
+def test_usage_and_bad_event_json_round_trip_and_validation() -> None:
+    fault = Fault(usage={"output_tokens": -5, "x": "lots"}, bad_event=b"{oops", bad_event_at=3)
+    assert fault.to_json() == {
+        "usage": {"output_tokens": -5, "x": "lots"},
+        "bad_event": "{oops",
+        "bad_event_at": 3,
+    }
+    assert fault_from_json(fault.to_json()) == fault
+    assert fault_from_json(orjson.loads(orjson.dumps(fault.to_json()))) == fault
+    assert Fault(bad_event="{é").bad_event == "{é".encode()
+
+    source = {"output_tokens": 1}
+    copied = Fault(usage=source)
+    source["output_tokens"] = 2
+    assert copied.usage == {"output_tokens": 1}
+
+    with pytest.raises(ValueError, match="UTF-8"):
+        Fault(bad_event=b"\xff").to_json()
+    with pytest.raises(ValueError):
+        Fault(bad_event_at=-1)
+    for bad in (
+        {"usage": "lots"},
+        {"usage": [1]},
+        {"bad_event": 5},
+        {"bad_event": {"x": 1}},
+        {"bad_event_at": "1"},
+        {"bad_event_at": True},
+        {"bad_event_at": None},
+        {"bad_event_at": -1},
+    ):
+        with pytest.raises(ValueError):
+            fault_from_json(bad)
