@@ -121,6 +121,8 @@ class Breaker:
         #: Transitions a failed write left behind, oldest first.
         self._retry: list[Transition] = []
         self._warned_overdue: set[str] = set()
+        #: Someone else wrote overrides that are not read yet.
+        self._overrides_stale = False
         self._used_by: dict[str, list[str]] = collections.defaultdict(list)
         for model in catalog.models.values():
             for binding in model.chain:
@@ -220,7 +222,12 @@ class Breaker:
         """Pick up overrides written elsewhere, move ended isolations to trial, end expired
         caps and warn about overrides past their review time."""
         if await self.store.changed():
+            self._overrides_stale = True
+        if self._overrides_stale:
+            # changed() reports a write once: remember it until the overrides are
+            # read, so a refresh that fails here leaves the next one to read them.
             self.overrides.replace(await self.store.active_overrides())
+            self._overrides_stale = False
         now = self.clock()
         for key in list(self.machine.bindings):
             # Record window ends as they happen, not only when traffic comes by.

@@ -5,11 +5,17 @@ serialised by a lock, so the event loop never waits on the disk.  WAL mode
 lets the CLI write overrides while a gateway has the file open; the gateway
 notices through ``PRAGMA data_version``, which changes only when another
 connection commits.
+
+The connection is opened once (:meth:`SqliteStore.open`, at start-up) and kept
+until :meth:`SqliteStore.close`: refreshes and writes need no new file handle,
+so they go on working when the process has none left to give.  No transaction
+stays open between calls, so each read sees what others committed before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -105,6 +111,9 @@ class SqliteStore:
             if self.path != MEMORY:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
+            # Sorts, temporary indexes and statement journals in memory: no call
+            # ever needs a temporary file, that is a file handle.
+            conn.execute("PRAGMA temp_store=MEMORY")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(
@@ -142,9 +151,17 @@ class SqliteStore:
 
     def _locked(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
-            if self._conn is None:
+            conn = self._conn
+            if conn is None:
                 raise StoreError(f"breaker state {self.path} is not open")
-            return fn(self._conn)
+            try:
+                return fn(conn)
+            finally:
+                # A failed COMMIT (disk full) leaves the transaction open: end it, or
+                # every later read would see the file as it was then.
+                if conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
 
     # -- bindings ------------------------------------------------------------
 

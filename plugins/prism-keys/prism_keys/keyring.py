@@ -3,7 +3,9 @@
 Authentication is a synchronous decision hook, so it reads this snapshot and
 never touches the database.  A background task polls the database's revision
 every ``refresh_s`` and swaps in a fresh snapshot when it changed: a key
-revoked with ``prism keys revoke`` stops working within one interval.
+revoked with ``prism keys revoke`` stops working within one interval.  The
+database stays open from start-up to shutdown, so polling needs no new file
+handle and goes on working when the process has none left to give.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 from collections.abc import AsyncIterator, Mapping
 
 import attrs
@@ -63,6 +64,9 @@ class KeyRing:
     #: Replaced whole on refresh, never mutated: readers need no lock.
     snapshot: Snapshot = _EMPTY
     _refreshed: asyncio.Event | None = attrs.field(default=None, init=False)
+    _refresh_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    #: The store's connection generation the snapshot was read from.
+    _generation: int = attrs.field(default=-1, init=False)
 
     def verify(self, presented: str | None) -> ActiveKey | None:
         """The active key ``presented`` is, or None (missing, malformed, unknown, revoked)."""
@@ -75,18 +79,44 @@ class KeyRing:
         return found if matches and found is not None else None
 
     async def refresh(self) -> bool:
-        """Reload when the database's revision moved; True when the snapshot changed."""
-        revision = await asyncio.to_thread(self.store.revision)
-        if revision == self.snapshot.revision:
-            return False
-        revision, rows = await asyncio.to_thread(self.store.load_active)
-        keys = {row.key_id: ActiveKey.from_loaded(row) for row in rows}
-        orgs = len({row.org for row in rows})
-        self.snapshot = Snapshot(revision=revision, keys=keys)
+        """Reload when the database's revision moved; True when the snapshot changed.
+
+        Raises what reading the database raises; the snapshot is then unchanged.
+        """
+        async with self._refresh_lock:
+            revision = await asyncio.to_thread(self.store.revision)
+            generation = self.store.generation
+            if revision == self.snapshot.revision and generation == self._generation:
+                return False
+            revision, rows = await asyncio.to_thread(self.store.load_active)
+            keys = {row.key_id: ActiveKey.from_loaded(row) for row in rows}
+            orgs = len({row.org for row in rows})
+            self.snapshot = Snapshot(revision=revision, keys=keys)
+            self._generation = generation
         log.info(
             "keys: %d active keys in %d organisations (revision %d)", len(keys), orgs, revision
         )
         return True
+
+    async def refresh_now(self) -> bool:
+        """Poll now, as the background task does: True when the snapshot changed.
+
+        A failure is logged and the last good snapshot stays in use; the next
+        poll tries again.
+        """
+        try:
+            return await self.refresh()
+        except Exception as exc:
+            # Keep serving with the last good snapshot; a broken database must
+            # not take the gateway down, but the operator has to hear about it.
+            log.error(
+                "keys: cannot re-read %s (%s: %s); still using revision %d",
+                self.store.path,
+                type(exc).__name__,
+                exc,
+                self.snapshot.revision,
+            )
+            return False
 
     async def next_refresh(self) -> None:
         """Wait for the background task to finish its next poll (tests, diagnostics)."""
@@ -95,39 +125,34 @@ class KeyRing:
         await self._refreshed.wait()
 
     async def run(self, app: web.Application) -> AsyncIterator[None]:
-        """``cleanup_ctx``: load before serving (a failure stops start-up), then poll."""
-        await asyncio.to_thread(self.store.ensure_schema)
-        await self.refresh()
-        if not self.snapshot.keys:
-            log.warning(
-                "keys: no active API keys in %s: every call gets 401 until you run "
-                "`prism keys create`",
-                self.store.path,
-            )
-        self._refreshed = asyncio.Event()
-        task = asyncio.create_task(self._poll(), name="prism-keys-refresh")
+        """``cleanup_ctx``: open the database and load before serving (a failure stops
+        start-up), then poll on that one connection until shutdown closes it."""
+        await asyncio.to_thread(self.store.open)
         try:
-            yield
+            await self.refresh()
+            if not self.snapshot.keys:
+                log.warning(
+                    "keys: no active API keys in %s: every call gets 401 until you run "
+                    "`prism keys create`",
+                    self.store.path,
+                )
+            self._refreshed = asyncio.Event()
+            task = asyncio.create_task(self._poll(), name="prism-keys-refresh")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                self._refreshed = None
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            self._refreshed = None
+            # Waits for a read still running in a worker thread (a cancelled poll's).
+            await asyncio.to_thread(self.store.close)
 
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_s)
-            try:
-                await self.refresh()
-            except (sqlite3.Error, OSError) as exc:
-                # Keep serving with the last good snapshot; a broken database must
-                # not take the gateway down, but the operator has to hear about it.
-                log.error(
-                    "keys: cannot re-read %s (%s); still using revision %d",
-                    self.store.path,
-                    exc,
-                    self.snapshot.revision,
-                )
+            await self.refresh_now()
             event, self._refreshed = self._refreshed, asyncio.Event()
             if event is not None:
                 event.set()

@@ -5,6 +5,13 @@ write bumps one revision number in the same transaction, so a gateway polls
 a single row and reloads only when something changed.  A key's text is never
 stored, only its SHA-256 (see :mod:`prism_keys.tokens`).
 
+The CLI opens the file for each command.  A gateway opens it once, at
+start-up (:meth:`KeyStore.open`), and re-reads it on that one connection until
+it stops: a refresh needs no new file handle, so revocations keep taking
+effect when the process has run out of them (thousands of slow connections).
+No transaction stays open between calls, so every read sees what other
+processes committed before it began.
+
 All functions are blocking; the gateway calls them from a worker thread.
 """
 
@@ -12,8 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
+import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -55,6 +65,9 @@ CREATE TABLE IF NOT EXISTS revision (
 INSERT OR IGNORE INTO revision (id, value) VALUES (1, 0);
 """
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,63}")
+_BUSY_TIMEOUT_S = 10
+
+log = logging.getLogger("prism.keys")
 
 
 class InvalidName(ValueError):
@@ -111,16 +124,98 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class KeyStore:
+    """The key database at ``path``.
+
+    Used as is (the CLI), every call opens the file, runs one transaction and
+    closes it.  Between :meth:`open` and :meth:`close` (a gateway), every call
+    runs on the one connection :meth:`open` made instead, one call at a time.
+    """
+
     path: Path
+    #: Bumped whenever a new long-lived connection is made (:meth:`open`, or the
+    #: file was replaced): the new file's revision number may equal the old one's.
+    generation: int = attrs.field(default=0, init=False)
+    _conn: sqlite3.Connection | None = attrs.field(default=None, init=False, repr=False)
+    #: (st_dev, st_ino) of the file ``_conn`` has open.
+    _file: tuple[int, int] | None = attrs.field(default=None, init=False, repr=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+
+    # --- the gateway's long-lived connection ---
+
+    def open(self) -> None:
+        """Create or check the schema and keep the connection for every later call.
+
+        Raises what :meth:`ensure_schema` raises; the store stays closed then.
+        """
+        with self._lock:
+            if self._conn is None:
+                self._reopen()
+
+    def close(self) -> None:
+        """Close the connection :meth:`open` made (waits for a call in progress)."""
+        with self._lock:
+            conn, self._conn, self._file = self._conn, None, None
+            if conn is not None:
+                conn.close()
+
+    def _reopen(self) -> None:
+        """(Lock held.)  Connect afresh; the old connection stays on any failure."""
+        # The file's identity before connecting: if it is replaced in between, the
+        # next call notices and opens it again, rather than never.
+        try:
+            file: tuple[int, int] | None = _identity(self.path)
+        except FileNotFoundError:
+            file = None  # connecting creates it
+        conn = _new_connection(self.path, shared=True)
+        try:
+            with conn:
+                _ensure_schema(conn, self.path)
+            if file is None:
+                file = _identity(self.path)
+        except BaseException:
+            conn.close()
+            raise
+        old, self._conn, self._file = self._conn, conn, file
+        self.generation += 1
+        if old is not None:
+            old.close()
+
+    def _current(self, held: sqlite3.Connection) -> sqlite3.Connection:
+        """(Lock held.)  ``held``, unless the file at ``path`` was replaced since it was opened.
+
+        Checking costs a ``stat`` and no file handle.  Only a replaced file
+        (restored from a backup, say) is opened again; if that fails the
+        error is raised and the next call tries again.
+        """
+        if _identity(self.path) == self._file:
+            return held
+        log.warning("keys: %s was replaced since it was opened; opening it again", self.path)
+        self._reopen()
+        assert self._conn is not None
+        return self._conn
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=10)
+        """One transaction: commit on success, roll back on error."""
+        with self._lock:
+            held = self._conn
+            if held is not None:
+                conn = self._current(held)
+                try:
+                    with conn:
+                        yield conn
+                finally:
+                    # A failed COMMIT leaves the transaction open; the next call
+                    # must start a new one, or it would not see others' writes.
+                    if conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            conn.rollback()
+                return
+        conn = _new_connection(self.path, shared=False)
         try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            with conn:  # one transaction: commit on success, roll back on error
+            with conn:
                 yield conn
         finally:
             conn.close()
@@ -128,14 +223,7 @@ class KeyStore:
     def ensure_schema(self) -> None:
         """Create the tables if missing; refuse a database made by a newer version."""
         with self._connect() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(
-                    f"{self.path} has schema version {version}; this prism-keys knows "
-                    f"{SCHEMA_VERSION}: upgrade prism-keys"
-                )
-            conn.executescript(_SCHEMA)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            _ensure_schema(conn, self.path)
 
     # --- writes (the CLI) ---
 
@@ -217,12 +305,42 @@ class KeyStore:
     def load_active(self) -> tuple[int, list[LoadedKey]]:
         """The revision and every active key with its org's tags, read in one transaction."""
         with self._connect() as conn:
+            conn.execute("BEGIN")  # a read transaction: the rows are those of the revision
             revision: int = conn.execute("SELECT value FROM revision WHERE id = 1").fetchone()[0]
             rows = conn.execute(
                 "SELECT k.id, k.hash, k.org, o.tags, k.scopes FROM keys k "
                 "JOIN orgs o ON o.name = k.org WHERE k.revoked IS NULL"
             ).fetchall()
         return revision, [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in rows]
+
+
+def _new_connection(path: Path, *, shared: bool) -> sqlite3.Connection:
+    """``shared``: kept open and used from whichever worker thread runs the call."""
+    conn = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, check_same_thread=not shared)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        # Sorts and temporary indexes in memory: a read never needs a temporary file.
+        conn.execute("PRAGMA temp_store = MEMORY")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(
+            f"{path} has schema version {version}; this prism-keys knows "
+            f"{SCHEMA_VERSION}: upgrade prism-keys"
+        )
+    conn.executescript(_SCHEMA)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def _bump(conn: sqlite3.Connection) -> None:

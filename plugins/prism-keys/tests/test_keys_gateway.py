@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import logging
+import os
+import resource
+import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -215,3 +222,107 @@ async def test_empty_database_refuses_everyone(prism_fake, prism_gateway, tmp_pa
     assert "no active API keys" in caplog.text
     status, body = await chat_with(gw, {"Authorization": "Bearer sk-prism-0123456789ab-x"})
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
+
+
+def lowest_free_fd() -> int:
+    fd = 0
+    while True:
+        try:
+            os.fstat(fd)  # opens nothing, unlike listing /proc/self/fd
+        except OSError:
+            return fd
+        fd += 1
+
+
+@contextlib.contextmanager
+def out_of_file_handles() -> Iterator[None]:
+    """The process cannot open one more file, as when slow connections used them all up.
+
+    ``RLIMIT_NOFILE`` bounds descriptor numbers, not how many are open: the soft
+    limit goes to the lowest free number, leaving no handle to spare.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
+    try:
+        with pytest.raises(OSError) as refused:
+            open(os.devnull).close()
+        assert refused.value.errno == errno.EMFILE
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_revocation_takes_effect_when_the_process_is_out_of_file_handles(
+    prism_fake, prism_gateway, tmp_path, ini, capsys, caplog
+):
+    revoked = create_key(ini, capsys, "acme", "chat,model:*")
+    kept = create_key(ini, capsys, "acme", "chat,model:*")
+    # Polled only when the test says so (refresh_now), never behind its back.
+    gw = await start(prism_gateway, prism_fake, tmp_path, refresh_s=300)
+    ring = gw.app[KEYRING]
+    assert ring.verify(revoked) is not None
+
+    # `prism keys revoke` runs in a process of its own, with file handles to spare.
+    status, _ = keys_cli(ini, capsys, "revoke", revoked.split("-")[2])
+    assert status == 0
+    with out_of_file_handles():
+        assert ring.verify(revoked) is not None  # not re-read yet
+        assert await ring.refresh_now()
+        assert ring.verify(revoked) is None
+        assert ring.verify(kept) is not None
+    assert "cannot re-read" not in caplog.text
+
+    status, body = await chat_with(gw, {"Authorization": f"Bearer {revoked}"})
+    assert (status, body["error"]["code"]) == (401, "invalid_api_key")
+    status, _ = await chat_with(gw, {"Authorization": f"Bearer {kept}"})
+    assert status == 200
+
+
+async def test_a_failed_refresh_keeps_the_last_keys_and_the_next_one_recovers(
+    prism_fake, prism_gateway, tmp_path, ini, capsys, caplog
+):
+    key = create_key(ini, capsys, "acme", "chat,model:*")
+    gw = await start(prism_gateway, prism_fake, tmp_path)
+    ring = gw.app[KEYRING]
+    loaded = ring.snapshot.revision
+
+    # A row the gateway cannot read, written by something other than `prism keys`.
+    with contextlib.closing(sqlite3.connect(tmp_path / "keys.db")) as db, db:
+        db.execute("UPDATE orgs SET tags = 'not json' WHERE name = 'acme'")
+        db.execute("UPDATE revision SET value = value + 1")
+    async with asyncio.timeout(10):
+        await ring.next_refresh()
+        await ring.next_refresh()
+    assert "keys: cannot re-read" in caplog.text
+    assert ring.snapshot.revision == loaded  # the last good keys stay in use
+    assert ring.verify(key) is not None
+
+    # Repaired with the CLI (which would wait, then fail, on a transaction the
+    # gateway left open): the background task is still polling and picks it up.
+    status, _ = keys_cli(ini, capsys, "org-tags", "acme", "--set", "eu")
+    assert status == 0
+    async with asyncio.timeout(10):
+        await ring.next_refresh()
+        await ring.next_refresh()
+    active = ring.verify(key)
+    assert active is not None and active.principal.org_tags == frozenset({"eu"})
+
+
+async def test_a_key_file_put_in_place_of_the_old_one_is_read(
+    prism_fake, prism_gateway, tmp_path, ini, capsys
+):
+    old = create_key(ini, capsys, "acme", "chat,model:*")
+    gw = await start(prism_gateway, prism_fake, tmp_path, refresh_s=300)
+    ring = gw.app[KEYRING]
+
+    # A database made elsewhere (a restored backup, say), at the same revision.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "prism.ini").write_text(ini.read_text())
+    new = create_key(elsewhere / "prism.ini", capsys, "acme", "chat,model:*")
+    os.replace(elsewhere / "keys.db", tmp_path / "keys.db")
+
+    assert ring.verify(old) is not None
+    assert await ring.refresh_now()
+    assert ring.verify(old) is None
+    assert ring.verify(new) is not None
