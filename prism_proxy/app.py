@@ -13,7 +13,8 @@ from aiohttp import web
 
 from .catalog import load_catalog
 from .config import Config, load_config
-from .endpoints import add_routes
+from .connections import SERVER
+from .endpoints import add_routes, add_unmatched_route
 from .errors import ConfigError
 from .gateway import GATEWAY, Gateway
 from .plugins import make_plugin_manager
@@ -72,9 +73,16 @@ def create_app(
     app.cleanup_ctx.append(gw.lifecycle)
     app.on_shutdown.append(gw.on_shutdown)
     pm.hook.prism_app_setup(app=app, config=config)
+    add_unmatched_route(app)
+    app.on_response_prepare.append(_server_header)
     if _open_to_anyone(gw):
         app.on_startup.append(_warn_open)
     return app
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp would name itself and the Python version: nothing a caller needs.
+    response.headers["Server"] = SERVER
 
 
 def _provider_kinds(

@@ -164,6 +164,10 @@ class UpstreamResult:
     streaming: bool = False
     #: The wire format of ``body``: the provider's (``openai``, ``anthropic``).
     wire: str = "openai"
+    #: Why a 200 is not an answer in its wire's shape (a body without choices,
+    #: a stream event that is not JSON): the core judges such an attempt a
+    #: failure itself, before any classifier is asked.
+    malformed: str | None = None
 
     @cached_property
     def json(self) -> Any:
@@ -187,6 +191,10 @@ class Usage:
     ``input_tokens`` counts every prompt token, cached or not;
     ``cached_input_tokens`` (read from a cache) and ``cache_creation_tokens``
     (written to one) are the parts of it billed at other rates.
+    ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning
+    the caller never sees.  ``suspect`` marks a report that could not be
+    true (a count that is not a whole number, or more output than was asked
+    for or delivered): its counts were replaced by the estimate.
     """
 
     input_tokens: int = 0
@@ -194,19 +202,29 @@ class Usage:
     cached_input_tokens: int = 0
     cache_creation_tokens: int = 0
     estimated: bool = False
+    reasoning_tokens: int = 0
+    suspect: bool = False
+
+
+def token_count(value: Any) -> int | None:
+    """A reported token count: a whole number >= 0, else None (absent or not a count)."""
+    if type(value) is int and value >= 0:
+        return value
+    return None
 
 
 @attrs.frozen
 class Settlement:
     """How a call ended, handed once to ``prism_settle``.
 
-    ``outcome`` is ``ok`` (served in full), ``error`` (nothing served, or a
+    ``outcome`` is ``ok`` (served in full), ``empty`` (an empty completion
+    served flagged, see ``x-prism-outcome``), ``error`` (nothing served, or a
     stream that broke after its commit point) or ``aborted`` (the client went
     away or the server shut down mid-answer).  ``served`` is the attempt whose
     answer reached the caller, if any; only it may be billed.
     """
 
-    outcome: Literal["ok", "error", "aborted"]
+    outcome: Literal["ok", "empty", "error", "aborted"]
     status: int
     served: Attempt | None
     usage: Usage | None

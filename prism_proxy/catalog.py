@@ -34,6 +34,8 @@ _MODEL_KEYS = frozenset(
 )
 EMPTY_POLICIES = ("return", "fallback")
 _BINDING_KEYS = frozenset({"provider", "model"})
+#: Chain-line options the core itself reads (kept in ``Binding.options``).
+_CORE_LINE_OPTIONS = frozenset({"max_output_tokens"})
 _TOP_KEYS = frozenset({"providers", "models"})
 
 
@@ -104,6 +106,18 @@ class Catalog:
     providers: Mapping[str, ProviderSpec]
     models: Mapping[str, ModelSpec]
     bindings: Mapping[str, Binding]
+    #: Every key a chain line may carry: the core's and those plugins declared.
+    line_keys: frozenset[str] = _BINDING_KEYS | _CORE_LINE_OPTIONS
+
+    def check_line_options(self, where: str, options: Mapping[str, Any]) -> None:
+        """Check the values of the line options the core reads (for lines plugins build)."""
+        cap = options.get("max_output_tokens")
+        if cap is not None and (type(cap) is not int or cap < 1):
+            raise ConfigError(
+                self.source,
+                f"{where}.max_output_tokens",
+                f"expected a whole number >= 1, got {cap!r}",
+            )
 
     def resolve(self, name: str) -> ModelSpec | None:
         """The model a caller asked for: a catalog model, or a pinned binding."""
@@ -150,7 +164,7 @@ def load_catalog(
         if key not in _TOP_KEYS:
             raise err(key, "unknown table (expected [providers.*] and [models.*])")
     model_keys = set(_MODEL_KEYS)
-    binding_keys = set(_BINDING_KEYS)
+    binding_keys = set(_BINDING_KEYS | _CORE_LINE_OPTIONS)
     for extra in extra_keys:
         model_keys |= extra.model
         binding_keys |= extra.binding
@@ -169,6 +183,7 @@ def load_catalog(
 
     models: dict[str, ModelSpec] = {}
     bindings: dict[str, Binding] = {}
+    catalog = Catalog(source, providers, models, bindings, frozenset(binding_keys))
     for name, table in _tables(data, "models", err).items():
         for key in table:
             if key not in model_keys:
@@ -195,6 +210,7 @@ def load_catalog(
             if not isinstance(upstream, str) or not upstream:
                 raise err(f"{where}.model", "missing: the upstream model name")
             options = {k: v for k, v in line.items() if k not in _BINDING_KEYS}
+            catalog.check_line_options(where, options)
             binding = Binding(provider=provider, model=upstream, options=options)
             bindings.setdefault(binding.id, binding)
             chain.append(binding)
@@ -209,7 +225,7 @@ def load_catalog(
                     f"models.{name}.fallback_models[{index}]",
                     f"{other!r} is not another model of this catalog",
                 )
-    return Catalog(source=source, providers=providers, models=models, bindings=bindings)
+    return catalog
 
 
 def _policy(name: str, table: Mapping[str, Any], err: Any) -> dict[str, Any]:

@@ -43,6 +43,9 @@ CORE_KEYS = frozenset(
         "call_budget_ms",
         "cross_tier_fallback",
         "admin_token_env",
+        "header_timeout_s",
+        "keepalive_timeout_s",
+        "max_connections",
     }
 )
 
@@ -184,6 +187,12 @@ class Config:
     cross_tier_fallback: bool = False
     #: The admin API's bearer token, read from the variable ``admin_token_env`` names.
     admin_token: str | None = attrs.field(default=None, repr=False)
+    #: A request's line and headers must arrive within this; a body may pause no longer.
+    header_timeout_s: float = 10.0
+    #: An idle keep-alive connection is closed after this.
+    keepalive_timeout_s: float = 75.0
+    #: Connections accepted at once; None: 90% of the open-file soft limit.
+    max_connections: int | None = None
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
 
@@ -337,6 +346,14 @@ def config_from_mapping(
     )
     config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
     config.cross_tier_fallback = core.get_bool("cross_tier_fallback", config.cross_tier_fallback)
+    config.header_timeout_s = core.get_float(
+        "header_timeout_s", config.header_timeout_s, min=0.1, max=3600
+    )
+    config.keepalive_timeout_s = core.get_float(
+        "keepalive_timeout_s", config.keepalive_timeout_s, min=0.1, max=86400
+    )
+    if "max_connections" in core:
+        config.max_connections = core.get_int("max_connections", 0, min=1)
     token_env = core.get_str("admin_token_env")
     if token_env:
         config.admin_token = os.environ.get(token_env) or None

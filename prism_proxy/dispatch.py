@@ -235,11 +235,16 @@ async def _attempt(
                         wire=provider.wire,
                     )
                     result.json = payload  # parsed already: classifiers need not again
+                    result.malformed = stream.invalid
                 else:
                     body = await response.read()
                     result = UpstreamResult(
                         response.status, response.headers, body, wire=provider.wire
                     )
+                    if response.status == 200:
+                        result.malformed = prepared.provider_wire.answer_problem(
+                            prepared.endpoint, result.json
+                        )
         except TimeoutError:
             result = UpstreamResult(attempt.status, timed_out=True, wire=provider.wire)
         except _CONNECTION_ERRORS as exc:
@@ -272,7 +277,13 @@ async def _attempt(
 async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
     """Classify the attempt and let observers see it."""
     attempt.elapsed_ms = (gw.clock() - attempt.started_at) * 1000
-    verdict: Verdict = gw.hot.prism_classify(call=call, attempt=attempt, result=result)
+    verdict: Verdict
+    if result.malformed is not None:
+        # Not an answer, whatever a classifier would make of it: never served, never billed.
+        outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
+        verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
+    else:
+        verdict = gw.hot.prism_classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
     if gw.hot.prism_on_attempt is None:
         return verdict
@@ -282,10 +293,11 @@ async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamRes
     return verdict
 
 
+#: What happened last, when its verdict names no code of its own.
 _CODES = {
     Outcome.TIMEOUT: "upstream_timeout",
     Outcome.RATE_LIMITED: "upstream_rate_limited",
-    Outcome.PERMANENT: "upstream_quota_exhausted",
+    Outcome.PERMANENT: "upstream_refused",
 }
 
 

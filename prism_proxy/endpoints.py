@@ -19,7 +19,7 @@ from .wire import ANTHROPIC, OPENAI, wire_for
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
 
-__all__ = ["add_routes"]
+__all__ = ["add_routes", "add_unmatched_route"]
 
 log = logging.getLogger("prism")
 
@@ -35,6 +35,36 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/prism/stats", stats)
 
 
+def add_unmatched_route(app: web.Application) -> None:
+    """Answer every path and method no route takes, in JSON; added after every other route."""
+    app.router.add_route("*", "/{unmatched:.*}", unmatched)
+
+
+async def unmatched(request: web.Request) -> web.Response:
+    """404 ``not_found``, or 405 ``method_not_allowed`` with ``Allow`` when the path exists."""
+    allowed: set[str] = set()
+    this = request.match_info.route.resource
+    for resource in request.app.router.resources():
+        if resource is not this:
+            allowed |= (await resource.resolve(request))[1]
+    wire = ANTHROPIC if _anthropic_client(request) else OPENAI
+    if allowed:
+        methods = ", ".join(sorted(allowed))
+        err = PrismError(
+            405,
+            "method_not_allowed",
+            f"{request.method} is not allowed on this path (allowed: {methods})",
+        )
+        return web.Response(
+            status=405,
+            body=wire.error_body(err),
+            content_type="application/json",
+            headers={"Allow": methods},
+        )
+    err = PrismError(404, "not_found", "no endpoint at this path")
+    return web.Response(status=404, body=wire.error_body(err), content_type="application/json")
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, Endpoint.CHAT)
 
@@ -47,19 +77,21 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _handle(request, Endpoint.MESSAGES)
 
 
-async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
+async def _read_json(request: web.Request, limit: int, stall_s: float) -> dict[str, Any]:
+    kind = request.headers.get("Content-Type")
+    if kind is not None and not _is_json(kind):
+        raise PrismError(
+            415,
+            "unsupported_media_type",
+            "the request body must be JSON (Content-Type: application/json)",
+            param="Content-Type",
+        )
     length = request.content_length
-    if length is not None:
-        if length > limit:
-            raise _too_large(limit)
-        try:
-            raw = await request.content.readexactly(length)
-        except asyncio.IncompleteReadError:
-            raise PrismError(
-                400, "invalid_json", "the request body is shorter than its Content-Length"
-            ) from None
-    else:
-        raw = await _read_chunked(request, limit)
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    raw = await _read_body(request, limit, stall_s)
+    if length is not None and len(raw) < length:
+        raise PrismError(400, "invalid_json", "the request body is shorter than its Content-Length")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -69,16 +101,45 @@ async def _read_json(request: web.Request, limit: int) -> dict[str, Any]:
     return body
 
 
-async def _read_chunked(request: web.Request, limit: int) -> bytes:
-    """A body without Content-Length, counted as it arrives against ``limit``."""
+def _is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+async def _read_body(request: web.Request, limit: int, stall_s: float) -> bytes:
+    """The whole body, counted against ``limit`` as it arrives.
+
+    What has arrived is taken without waiting (usually the whole body); a
+    body that then pauses longer than ``stall_s`` between reads is answered
+    408 rather than holding the connection open.
+    """
+    content = request.content
     chunks = []
     size = 0
-    async for chunk in request.content.iter_any():
+    while True:
+        chunk = content.read_nowait()
+        if not chunk:
+            if content.at_eof():
+                break
+            try:
+                async with asyncio.timeout(stall_s):
+                    chunk = await content.readany()
+            except TimeoutError:
+                raise PrismError(
+                    408,
+                    "request_timeout",
+                    f"the request body stalled for more than {stall_s:g} s",
+                    param="body",
+                ) from None
+            if not chunk:
+                break
         size += len(chunk)
         if size > limit:
             raise _too_large(limit)
         chunks.append(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _too_large(limit: int) -> PrismError:
@@ -97,7 +158,9 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
         attempt_timeout_s=gw.config.attempt_timeout_ms / 1000,
     )
     try:
-        call.body = await _read_json(request, gw.config.max_body_bytes)
+        call.body = await _read_json(
+            request, gw.config.max_body_bytes, gw.config.header_timeout_s
+        )
         if endpoint is Endpoint.CHAT:
             call.model_name, call.stream, call.include_usage = validate_chat(call.body)
         elif endpoint is Endpoint.MESSAGES:
@@ -179,8 +242,8 @@ async def _error_response(gw: Gateway, call: Call, err: PrismError) -> web.Respo
 
 
 def _anthropic_client(request: web.Request) -> bool:
-    """The Anthropic SDK sends anthropic-version; it expects its own list shape."""
-    return "anthropic-version" in request.headers
+    """The Anthropic SDK sends anthropic-version; it expects its own shapes."""
+    return "anthropic-version" in request.headers or request.path.startswith("/v1/messages")
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ the core awaits as their docstrings say.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -67,6 +67,20 @@ def prism_catalog_keys() -> CatalogKeys | None:
     The core rejects unknown keys in the catalog; a plugin that reads, say,
     ``price`` on chain lines returns ``CatalogKeys(binding=frozenset({"price"}))``.
     Called once at start-up, before the catalog is validated.  Fan-out.
+    """
+
+
+@hookspec
+def prism_catalog_lines(catalog: Catalog) -> Iterable[tuple[str, Binding]] | None:
+    """Name the chain lines this plugin adds beyond the models' own chains.
+
+    A routing plugin whose rules carry chain lines of their own (lines no
+    model's ``chain`` has) returns each with its catalog address, e.g.
+    ``("models.chat.rules[0].chain[1]", binding)``, so that plugins checking
+    every line a call could be served by (prices, regions) see them at
+    start-up and in ``prism check``.  Lines that are the catalog's own chain
+    lines need not be returned.  Called from ``prism_app_setup`` by the
+    plugins that check lines, after the catalog is loaded.  Fan-out.
     """
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Literal
 
 import attrs
 import orjson
 from aiohttp import web
 
+from .accounting import checked_usage, estimate
 from .call import Call, Endpoint, Outcome, Settlement, Usage
 from .dispatch import Served
 from .errors import PrismError
@@ -44,20 +46,30 @@ async def relay(
 
 def error_answer(call: Call, err: PrismError) -> web.Response:
     """An error in the caller's own wire format, with the x-prism headers."""
-    return web.Response(
+    response = web.Response(
         status=err.status,
         body=wire_for(call.endpoint).error_body(err),
         content_type="application/json",
         headers=prism_headers(call),
     )
+    if err.status == 408:
+        response.force_close()  # the rest of a stalled body is not worth waiting for
+    return response
 
 
 async def _relay_body(gw: Gateway, call: Call, served: Served) -> web.Response:
     result = served.result
     served.response.release()
     prepared = served.prepared
-    usage = prepared.provider_wire.usage_update(None, result.json)
-    if not await gw.settle(call, Settlement("ok", 200, served.attempt, usage)):
+    wire = prepared.provider_wire
+    usage = checked_usage(
+        call,
+        served.attempt.binding,
+        wire.usage_update(None, result.json),
+        wire.answer_chars(result.json),
+    )
+    settlement = Settlement(_served_outcome(served), 200, served.attempt, usage)
+    if not await gw.settle(call, settlement):
         return error_answer(call, _unrecorded(call))
     headers = prism_headers(call)
     if prepared.translated:
@@ -95,19 +107,21 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
     return "".join(late).encode("latin-1", "replace")
 
 
-def _usage_so_far(call: Call, stream: UpstreamStream) -> Usage:
+def _served_outcome(served: Served) -> Literal["ok", "empty"]:
+    return "empty" if served.attempt.outcome is Outcome.EMPTY else "ok"
+
+
+def _usage_so_far(call: Call, served: Served, stream: UpstreamStream) -> Usage:
     """What the answer used: as reported, or, for a cut stream, at least what was delivered."""
     reported = stream.usage
-    if reported is not None and stream.done:
-        return reported
-    estimate = wire_for(call.endpoint).estimate_usage(call.body, stream.delivered_chars)
-    if reported is None:
-        return estimate
+    if stream.done or reported is None:
+        return checked_usage(call, served.attempt.binding, reported, stream.delivered_chars)
     # Cut short: the report (e.g. Anthropic's message_start) predates most of the output.
+    guess = estimate(call, stream.delivered_chars)
     return attrs.evolve(
         reported,
-        input_tokens=reported.input_tokens or estimate.input_tokens,
-        output_tokens=max(reported.output_tokens, estimate.output_tokens),
+        input_tokens=reported.input_tokens or guess.input_tokens,
+        output_tokens=max(reported.output_tokens, guess.output_tokens),
         estimated=True,
     )
 
@@ -150,7 +164,7 @@ async def _relay_stream(
                 type="api_error",
                 extra={"request_id": call.request_id},
             )
-            usage = _usage_so_far(call, stream)
+            usage = _usage_so_far(call, served, stream)
             await gw.settle(
                 call, Settlement("error", 200, served.attempt, usage, error_code=err.code)
             )
@@ -159,7 +173,9 @@ async def _relay_stream(
             )
             return response
         tail += stream.closing()
-        settled = Settlement("ok", 200, served.attempt, _usage_so_far(call, stream))
+        settled = Settlement(
+            _served_outcome(served), 200, served.attempt, _usage_so_far(call, served, stream)
+        )
         final = client_wire.done_event
         if not await gw.settle(call, settled):
             final = client_wire.error_event(_unrecorded(call))
@@ -176,7 +192,7 @@ async def _relay_stream(
 
 async def _abort(gw: Gateway, call: Call, served: Served, stream: UpstreamStream) -> None:
     stream.close()
-    usage = _usage_so_far(call, stream)
+    usage = _usage_so_far(call, served, stream)
     await gw.settle(call, Settlement("aborted", 499, served.attempt, usage, "client_closed"))
 
 

@@ -14,8 +14,10 @@ import attrs
 from aiohttp import web
 
 from .config import Config
+from .connections import ConnectionGuard, GuardedSite, default_limit
+from .gateway import GATEWAY
 
-__all__ = ["Listening", "listen", "run", "serve"]
+__all__ = ["Listening", "listen", "listen_options", "run", "serve"]
 
 log = logging.getLogger("prism")
 
@@ -42,28 +44,60 @@ class Listening:
         await self.runner.cleanup()
 
 
-async def listen(app: web.Application, host: str, port: int, *, grace_s: float) -> Listening:
+async def listen(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    grace_s: float,
+    header_timeout_s: float = 10.0,
+    keepalive_timeout_s: float = 75.0,
+    max_connections: int | None = None,
+    counters: dict[str, int] | None = None,
+) -> Listening:
     """Start ``app`` on ``host:port`` (0 picks a free port).
 
     Handler cancellation is on: a caller that disconnects cancels its
     handler, which closes the upstream connection at once.  On stop, the
     listener closes first, in-flight calls get ``grace_s`` to finish, then
-    the rest are cancelled (and settle as aborted).
+    the rest are cancelled (and settle as aborted).  Connections are
+    guarded (see :mod:`.connections`): a request head must arrive within
+    ``header_timeout_s``, idle keep-alive connections close after
+    ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 90%
+    of the open-file soft limit) new connections are refused at once.
     """
-    runner = web.AppRunner(
-        app, handler_cancellation=True, shutdown_timeout=grace_s, access_log=None
-    )
+    if max_connections is None:
+        max_connections, soft = default_limit()
+        log.info(
+            "accepting at most %d connections (90%% of the open-file limit %d)",
+            max_connections,
+            soft,
+        )
+    guard = ConnectionGuard(header_timeout_s, max_connections, counters)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=grace_s)
     try:
         # setup() runs the app's start-up contexts; a failing one must not
         # leave the ones before it (pools, background tasks) running.
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+        site = GuardedSite(
+            runner, host, port, guard=guard, keepalive_timeout_s=keepalive_timeout_s
+        )
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     bound_port = runner.addresses[0][1]
     return Listening(runner, host, bound_port)
+
+
+def listen_options(config: Config) -> dict[str, Any]:
+    """The keyword arguments of :func:`listen` that ``config`` sets."""
+    return {
+        "grace_s": config.shutdown_grace_s,
+        "header_timeout_s": config.header_timeout_s,
+        "keepalive_timeout_s": config.keepalive_timeout_s,
+        "max_connections": config.max_connections,
+    }
 
 
 async def serve(
@@ -73,8 +107,9 @@ async def serve(
     started: Callable[[Listening], Awaitable[None]] | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain for ``shutdown_grace_s``."""
+    counters = app[GATEWAY].counters if GATEWAY in app else None
     listening = await listen(
-        app, config.listen.host, config.listen.port, grace_s=config.shutdown_grace_s
+        app, config.listen.host, config.listen.port, counters=counters, **listen_options(config)
     )
     log.info("Prism listening on %s (config: %s)", listening.url, config.source)
     _settle_heap()

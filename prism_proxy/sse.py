@@ -67,6 +67,10 @@ class SSEBuffer:
         self._pos = end
         return buf[pos:end]
 
+    def put_back(self, taken: bytes) -> None:
+        """Undo the last ``take_run`` or ``next_event``, which returned ``taken``."""
+        self._pos -= len(taken)
+
 
 def event_data(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of one event, or None for a comment-only event."""

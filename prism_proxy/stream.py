@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import orjson
 
 from .call import Usage
 from .providers import UpstreamResponse
@@ -24,11 +25,37 @@ from .wire.translate_response import StreamTranslator
 __all__ = ["StreamBroken", "UpstreamStream"]
 
 _READ_ERRORS = (aiohttp.ClientError, OSError)
-#: Characters of answer text assumed per event forwarded unparsed (about one
+#: Characters of answer text assumed per event forwarded whole (about one
 #: token a chunk, four characters a token), for a cut stream's usage estimate.
 PLAIN_EVENT_CHARS = 4
-#: Bytes assumed per event forwarded unparsed, until the stream's first content event tells.
-_EVENT_BYTES = 256
+
+
+NOT_JSON = "upstream sent an event that is not JSON"
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _json_events(run: bytes) -> int:
+    """How many one-line ``data:`` events ``run`` holds, or 0 unless each one is JSON.
+
+    The caller's SSE parser sees exactly these lines: an event with a line
+    more (a JSON value split over lines) is refused here and looked at alone.
+    """
+    datas = run[6:-2].split(b"\n\ndata: ")
+    if not run.startswith(b"data: ") or run.count(b"\n") != 2 * len(datas):
+        return 0
+    try:
+        for data in datas:
+            orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return 0
+    return len(datas)
 
 
 class StreamBroken(Exception):
@@ -43,7 +70,6 @@ class UpstreamStream:
     __slots__ = (
         "_broken",
         "_chunks",
-        "_event_bytes",
         "_forward_usage",
         "_fresh",
         "_reader",
@@ -55,6 +81,7 @@ class UpstreamStream:
         "done",
         "finished",
         "idle_timeout",
+        "invalid",
         "pending",
         "response",
         "translator",
@@ -76,7 +103,6 @@ class UpstreamStream:
         self.translator = translator
         self._chunks = response.iter_chunks().__aiter__()
         self._sse = SSEBuffer()
-        self._event_bytes = _EVENT_BYTES
         self._broken: StreamBroken | None = None
         self._forward_usage = forward_usage
         #: Events read but not yet forwarded (the held-back prelude).
@@ -86,6 +112,8 @@ class UpstreamStream:
         self.delivered_chars = 0
         self.finished = False
         self.done = False
+        #: Why the stream broke before its commit point with an event that is not JSON.
+        self.invalid: str | None = None
         #: After the commit point, the longest silence tolerated between reads.
         self.idle_timeout = idle_timeout
         #: Loop time a read after the commit point started waiting (None: not waiting).
@@ -106,7 +134,8 @@ class UpstreamStream:
 
         Returns ``(data, payload, broken)``: the data of the committing event
         (or of an error event sent before any content), its parsed payload,
-        and whether the stream broke before content.
+        and whether the stream broke before content (``invalid`` then says
+        so when it broke on an event that is not JSON).
         """
         sse = self._sse
         while True:
@@ -123,12 +152,13 @@ class UpstreamStream:
             kind, payload = self.wire.inspect(data)
             if kind is ChunkKind.ERROR:
                 return data, payload, False
+            if kind is ChunkKind.INVALID:
+                self.invalid = NOT_JSON
+                return None, None, True
             if kind is ChunkKind.DONE:
                 return None, None, True
             self._take(kind, payload, event, self.pending)
             if kind is ChunkKind.CONTENT:
-                # Events from one upstream are alike in size: this one sizes the runs.
-                self._event_bytes = len(event)
                 return data, payload, False
 
     def _take(self, kind: ChunkKind, payload: Any, event: bytes, out: list[bytes]) -> None:
@@ -221,17 +251,23 @@ class UpstreamStream:
             response.close()
 
     def _forward_plain_run(self, out: list[bytes]) -> None:
-        """Forward, unparsed, the complete events before the first one worth a look.
+        """Forward as they are the complete events before the first one worth a look.
 
         A fast upstream delivers many events per read; only the last few
-        (finish, usage, end) need parsing.  Each event forwarded this way
-        counts as one token of delivered text for a cut stream's estimate.
+        (finish, usage, end) need a closer look, the rest need only be JSON.
+        Each event forwarded this way counts as one token of delivered text
+        for a cut stream's estimate.
         """
-        run = self._sse.take_run(self.wire.first_notable)
-        if run:
-            out.append(run)
-            events = max(1, (len(run) + self._event_bytes // 2) // self._event_bytes)
-            self.delivered_chars += PLAIN_EVENT_CHARS * events
+        sse = self._sse
+        run = sse.take_run(self.wire.first_notable)
+        if not run:
+            return
+        events = _json_events(run)
+        if not events:
+            sse.put_back(run)  # looked at one by one: a bad one ends the stream
+            return
+        out.append(run)
+        self.delivered_chars += PLAIN_EVENT_CHARS * events
 
     def closing(self) -> bytes:
         """What the caller gets after the last upstream event and before the final one."""
@@ -296,7 +332,7 @@ class UpstreamStream:
                 continue
             if plain is not None:
                 chars = plain(data)
-                if chars is not None:
+                if chars is not None and _is_json(data):
                     self.delivered_chars += chars
                     out.append(event)
                     continue
@@ -306,5 +342,8 @@ class UpstreamStream:
                 return
             if kind is ChunkKind.ERROR:
                 self._broken = StreamBroken("upstream sent an error event")
+                return
+            if kind is ChunkKind.INVALID:
+                self._broken = StreamBroken(NOT_JSON)
                 return
             self._take(kind, payload, event, out)

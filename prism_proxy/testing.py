@@ -31,7 +31,7 @@ from aiohttp import web
 from .app import create_app
 from .config import config_from_mapping
 from .gateway import GATEWAY, Gateway
-from .server import Listening, listen
+from .server import Listening, listen, listen_options
 
 if TYPE_CHECKING:
     import anthropic
@@ -193,7 +193,9 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
             sleep=sleep,
             random=random,
         )
-        listening = await listen(app, "127.0.0.1", 0, grace_s=cfg.shutdown_grace_s)
+        listening = await listen(
+            app, "127.0.0.1", 0, counters=app[GATEWAY].counters, **listen_options(cfg)
+        )
         gateway = GatewayUnderTest(app, listening)
         started.append(gateway)
         return gateway

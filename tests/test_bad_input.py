@@ -13,8 +13,16 @@ async def post(prism_fake, prism_gateway, catalog):
     gw = await prism_gateway(catalog, config={"max_body_bytes": 4096})
     async with aiohttp.ClientSession() as session:
 
-        async def send(path: str, data: bytes | None = None, json: object = None):
-            async with session.post(gw.base_url + path, data=data, json=json) as response:
+        async def send(
+            path: str,
+            data: bytes | None = None,
+            json: object = None,
+            content_type: str | None = "application/json",
+        ):
+            headers = {"Content-Type": content_type} if data is not None and content_type else {}
+            async with session.post(
+                gw.base_url + path, data=data, json=json, headers=headers
+            ) as response:
                 return response.status, await response.json(), response.headers
 
         yield send
@@ -48,6 +56,44 @@ async def post(prism_fake, prism_gateway, catalog):
             400,
             "invalid_type",
             "messages[0].role",
+        ),
+        (
+            "/chat/completions",
+            {"model": "chat-a", "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "invalid_value",
+            "messages[0].role",
+        ),
+        (
+            "/chat/completions",
+            {
+                "model": "chat-a",
+                "messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}],
+            },
+            400,
+            "invalid_value",
+            "messages[0].content[0].type",
+        ),
+        (
+            "/chat/completions",
+            {
+                "model": "chat-a",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]}],
+            },
+            400,
+            "invalid_type",
+            "messages[0].content[1]",
+        ),
+        (
+            "/messages",
+            {
+                "model": "chat-a",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": [{"type": "hologram"}]}],
+            },
+            400,
+            "invalid_value",
+            "messages[0].content[0].type",
         ),
         (
             "/chat/completions",

@@ -272,6 +272,16 @@ async def test_rate_limit_code_when_last(prism_fake, prism_gateway):
     assert info.value.code == "upstream_rate_limited"
 
 
+async def test_model_not_found_code_when_last(prism_fake, prism_gateway):
+    # Not "quota exhausted": the operator must fix the line's model name, not pay.
+    gw = await prism_gateway(chain(prism_fake, "err404", retries=0))
+    with pytest.raises(openai.APIStatusError) as info:
+        await chat(gw)
+    assert info.value.status_code == 503
+    assert info.value.code == "upstream_model_not_found"
+    assert prism_fake.hits("err404") == 1  # permanent: never retried
+
+
 async def test_quota_code_when_last_and_embeddings_prefix(prism_fake, prism_gateway):
     prism_fake.script("err429", [Fault(status=429, body=BILLING_429)])
     catalog = chain(prism_fake, "err429")

@@ -115,7 +115,12 @@ def _classify(result: UpstreamResult) -> tuple[Outcome, str | None]:
         (429, b'{"error":{"message":"requests per minute quota"}}', Outcome.RATE_LIMITED, None),
         (401, b'{"error":{"code":"invalid_api_key"}}', Outcome.PERMANENT, "upstream_auth_failed"),
         (403, b"{}", Outcome.PERMANENT, "upstream_auth_failed"),
-        (404, b'{"error":{"code":"model_not_found"}}', Outcome.PERMANENT, None),
+        (
+            404,
+            b'{"error":{"code":"model_not_found"}}',
+            Outcome.PERMANENT,
+            "upstream_model_not_found",
+        ),
         (500, b"oops", Outcome.TRANSIENT, None),
         (529, b"{}", Outcome.TRANSIENT, None),
         (200, b'{"error":{"message":"overloaded"}}', Outcome.TRANSIENT, None),

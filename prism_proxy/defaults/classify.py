@@ -64,7 +64,9 @@ class DefaultClassify:
                 code="upstream_auth_failed",
             )
         if status == 404:
-            return Verdict(Outcome.PERMANENT, "upstream model not found")
+            return Verdict(
+                Outcome.PERMANENT, "upstream model not found", code="upstream_model_not_found"
+            )
         if status == 429:
             return Verdict(Outcome.RATE_LIMITED, "rate limited", parse_retry_after(result.headers))
         if status in _TRANSIENT_STATUSES or status >= 500:

@@ -29,6 +29,10 @@ class Wire:
     #: In ``buf[start:end]``, whole events, where the first one worth parsing may start (-1: none).
     first_notable: Callable[[bytes, int, int], int]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
+    #: Why a 200 body is not an answer of the endpoint (None: it is one, or it is an error).
+    answer_problem: Callable[[Endpoint, Any], str | None]
+    #: Characters of answer text in a whole answer that passed ``answer_problem``.
+    answer_chars: Callable[[Any], int]
     error_body: Callable[[PrismError], bytes]
     error_event: Callable[[PrismError], bytes]
     #: The final event of a stream, written after the call is settled.
@@ -43,6 +47,8 @@ OPENAI = Wire(
     plain_text_chars=openai.plain_text_chars,
     first_notable=openai.first_notable,
     estimate_usage=openai.estimate_usage,
+    answer_problem=openai.answer_problem,
+    answer_chars=openai.answer_chars,
     error_body=openai.error_body,
     error_event=openai.error_event,
     done_event=openai.DONE_EVENT,
@@ -56,6 +62,8 @@ ANTHROPIC = Wire(
     plain_text_chars=lambda data: None,
     first_notable=lambda buf, start, end: start,
     estimate_usage=anthropic.estimate_usage,
+    answer_problem=anthropic.answer_problem,
+    answer_chars=anthropic.answer_chars,
     error_body=anthropic.error_body,
     error_event=anthropic.error_event,
     done_event=anthropic.DONE_EVENT,

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from ..call import Usage
+from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
 
@@ -39,6 +39,31 @@ def _bad(code: str, message: str, param: str) -> PrismError:
     return PrismError(400, code, message, param=param)
 
 
+#: The content block types a Messages request may carry; the upstream rejects
+#: anything else, but only after the call was dispatched (and billed).
+BLOCK_TYPES = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "container_upload",
+        "thinking",
+        "redacted_thinking",
+    }
+)
+
+
 def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
     """Check a Messages API request; returns (model, stream)."""
     model = body.get("model")
@@ -69,11 +94,20 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
         content = message.get("content")
         if isinstance(content, list):
             for part_index, block in enumerate(content):
-                if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-                    part = f"{where}.content[{part_index}]"
+                kind = block.get("type") if isinstance(block, dict) else None
+                if kind in BLOCK_TYPES:
+                    continue
+                part = f"{where}.content[{part_index}]"
+                if not isinstance(kind, str):
                     raise _bad(
                         "invalid_type", f"'{part}' must be a content block with a type", part
                     )
+                raise _bad(
+                    "invalid_value",
+                    f"'{part}.type' must be a known content block type "
+                    f"({', '.join(sorted(BLOCK_TYPES))})",
+                    f"{part}.type",
+                )
         elif not isinstance(content, str):
             raise _bad(
                 "invalid_type",
@@ -106,7 +140,7 @@ def event_kind(data: bytes) -> tuple[ChunkKind, Any]:
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return ChunkKind.ERROR, None
+        return ChunkKind.INVALID, None
     if not isinstance(payload, dict):
         return ChunkKind.ERROR, payload
     kind = payload.get("type")
@@ -131,6 +165,37 @@ def event_kind(data: bytes) -> tuple[ChunkKind, Any]:
     return ChunkKind.PRELUDE, payload
 
 
+def answer_problem(endpoint: Endpoint, payload: Any) -> str | None:
+    """Why a 200 body is not a Messages answer, or None when it is one (or is an error)."""
+    if not isinstance(payload, dict):
+        return "200 without a JSON answer"
+    kind = payload.get("type")
+    if kind == "error":
+        return None  # the classifier reads it
+    if kind != "message":
+        return "200 whose type is not message"
+    content = payload.get("content")
+    if not isinstance(content, list):
+        return "message without content"
+    for block in content:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            return "message with a content block that has no type"
+    return None
+
+
+def answer_chars(payload: Any) -> int:
+    """Characters of answer text in a whole message (text, tool input, thinking)."""
+    total = 0
+    for block in payload.get("content") or ():
+        for key in ("text", "thinking"):
+            text = block.get(key)
+            if isinstance(text, str):
+                total += len(text)
+        if "input" in block:
+            total += len(orjson.dumps(block["input"]))
+    return total
+
+
 def digest(payload: Any) -> tuple[int, bool]:
     """One content event: characters of answer text, and whether it finishes the message."""
     kind = payload.get("type")
@@ -153,7 +218,8 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
         return previous
     kind = payload.get("type")
     if kind == "message_start":
-        usage = (payload.get("message") or {}).get("usage")
+        message = payload.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
     elif kind in ("message_delta", "message"):
         usage = payload.get("usage")
     else:
@@ -161,21 +227,34 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return previous
     base = previous or Usage()
-    read = usage.get("cache_read_input_tokens")
-    created = usage.get("cache_creation_input_tokens")
-    fresh = usage.get("input_tokens")
-    cached = int(read) if read is not None else base.cached_input_tokens
-    creation = int(created) if created is not None else base.cache_creation_tokens
+    counts = {
+        key: token_count(usage[key])
+        for key in (
+            "input_tokens",
+            "output_tokens",
+            "cache_read_input_tokens",
+            "cache_creation_input_tokens",
+        )
+        if usage.get(key) is not None
+    }
+    if None in counts.values():
+        return Usage(suspect=True)
+    read = counts.get("cache_read_input_tokens")
+    created = counts.get("cache_creation_input_tokens")
+    fresh = counts.get("input_tokens")
+    cached = read if read is not None else base.cached_input_tokens
+    creation = created if created is not None else base.cache_creation_tokens
     if fresh is not None:
-        input_tokens = int(fresh) + cached + creation
+        input_tokens = fresh + cached + creation
     else:
         input_tokens = base.input_tokens
-    output = usage.get("output_tokens")
+    output = counts.get("output_tokens")
     return Usage(
         input_tokens=input_tokens,
-        output_tokens=int(output) if output is not None else base.output_tokens,
+        output_tokens=output if output is not None else base.output_tokens,
         cached_input_tokens=cached,
         cache_creation_tokens=creation,
+        suspect=base.suspect,
     )
 
 

@@ -13,3 +13,4 @@ class ChunkKind(enum.Enum):
     USAGE = 2  # a usage-only event (OpenAI's trailing chunk with choices == [])
     ERROR = 3  # an error event
     DONE = 4  # the end: OpenAI's [DONE], Anthropic's message_stop
+    INVALID = 5  # data that is not JSON (or not UTF-8): never relayed as it is

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from ..call import Usage
+from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
 
@@ -72,6 +72,26 @@ def _check_chat_fields(body: dict[str, Any]) -> None:
             raise _bad("invalid_value", f"'{key}' must be at least 1", key)
 
 
+#: The roles and content part types of the Chat Completions API; the upstream
+#: rejects anything else, but only after the call was dispatched (and billed).
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+PART_TYPES = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+
+
+def _check_parts(parts: list[Any], where: str) -> None:
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in PART_TYPES:
+            at = f"{where}.content[{index}]"
+            if not isinstance(kind, str):
+                raise _bad("invalid_type", f"'{at}' must be a content part with a type", at)
+            raise _bad(
+                "invalid_value",
+                f"'{at}.type' must be one of {', '.join(sorted(PART_TYPES))}",
+                f"{at}.type",
+            )
+
+
 def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
     """Check a chat completion request; returns (model, stream, include_usage)."""
     model = _require_str(body, "model")
@@ -91,8 +111,16 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
             raise _bad(
                 "invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role"
             )
+        if role not in ROLES:
+            raise _bad(
+                "invalid_value",
+                f"'{where}.role' must be one of {', '.join(sorted(ROLES))}",
+                f"{where}.role",
+            )
         content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
+        if isinstance(content, list):
+            _check_parts(content, where)
+        elif content is not None and not isinstance(content, str):
             raise _bad(
                 "invalid_type",
                 f"'{where}.content' must be a string or an array of content parts",
@@ -156,7 +184,7 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return ChunkKind.ERROR, None
+        return ChunkKind.INVALID, None
     if not isinstance(payload, dict):
         return ChunkKind.ERROR, payload
     choices = payload.get("choices")
@@ -230,6 +258,44 @@ def first_notable(buf: bytes, start: int, end: int) -> int:
     return first
 
 
+def answer_problem(endpoint: Endpoint, payload: Any) -> str | None:
+    """Why a 200 body is not an answer of ``endpoint``, or None when it is one (or is an error)."""
+    if not isinstance(payload, dict):
+        return "200 without a JSON answer"
+    if endpoint is Endpoint.EMBEDDINGS:
+        data = payload.get("data")
+        if not isinstance(data, list) or not data:
+            return None if "error" in payload else "embeddings answer without data"
+        for item in data:
+            if not isinstance(item, dict) or not isinstance(item.get("embedding"), list | str):
+                return "embeddings answer with an item that has no embedding"
+        return None
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None if "error" in payload else "answer without choices"
+    for choice in choices:
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            return "answer with a choice that has no message"
+    return None
+
+
+def answer_chars(payload: Any) -> int:
+    """Characters of answer text in a whole completion (content, refusals, tool arguments)."""
+    total = 0
+    for choice in payload.get("choices") or ():
+        message = choice["message"]
+        for key in ("content", "refusal"):
+            text = message.get(key)
+            if isinstance(text, str):
+                total += len(text)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                total += len(arguments)
+    return total
+
+
 def digest(payload: Any) -> tuple[int, bool]:
     """One pass over a content chunk: characters of answer text, and whether it finishes.
 
@@ -254,17 +320,34 @@ def digest(payload: Any) -> tuple[int, bool]:
 
 
 def usage_from(payload: Any) -> Usage | None:
-    """The usage object of a completion, chunk or embeddings answer, if present."""
+    """The usage object of a completion, chunk or embeddings answer, if present.
+
+    A count that is not a whole number >= 0 makes the whole report ``suspect``
+    (the relay then estimates instead of trusting any of it).
+    """
     if not isinstance(payload, dict):
         return None
     usage = payload.get("usage")
     if not isinstance(usage, dict):
         return None
-    details = usage.get("prompt_tokens_details") or {}
+    details = usage.get("prompt_tokens_details")
+    output_details = usage.get("completion_tokens_details")
+    raw = (
+        usage.get("prompt_tokens", 0),
+        usage.get("completion_tokens", 0),
+        (details.get("cached_tokens") if isinstance(details, dict) else None) or 0,
+        (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None)
+        or 0,
+    )
+    counts = [token_count(value) for value in raw]
+    if None in counts:
+        return Usage(suspect=True)
+    prompt, completion, cached, reasoning = (count or 0 for count in counts)
     return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or 0),
-        cached_input_tokens=int(details.get("cached_tokens") or 0),
+        input_tokens=prompt,
+        output_tokens=completion,
+        cached_input_tokens=cached,
+        reasoning_tokens=reasoning,
     )
 
 

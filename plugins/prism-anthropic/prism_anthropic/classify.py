@@ -20,6 +20,7 @@ from prism_proxy import (
 
 _AUTH = "upstream_auth_failed"
 _QUOTA = "upstream_quota_exhausted"
+_NOT_FOUND = "upstream_model_not_found"
 
 
 def _error_type(payload: Any) -> str | None:
@@ -76,7 +77,7 @@ def classify_anthropic(
     if error_type == "billing_error" or result.status == 402:
         return Verdict(Outcome.PERMANENT, "billing error", code=_QUOTA)
     if error_type == "not_found_error" or result.status == 404:
-        return Verdict(Outcome.PERMANENT, "upstream model not found")
+        return Verdict(Outcome.PERMANENT, "upstream model not found", code=_NOT_FOUND)
     if error_type in ("invalid_request_error", "request_too_large") or result.status in (
         400,
         413,

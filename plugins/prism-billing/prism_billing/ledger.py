@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "LedgerClosed", "LedgerWriter", "connect", "open_fo
 
 log = logging.getLogger("prism.billing")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
     request_id TEXT NOT NULL PRIMARY KEY,
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS ledger (
     unpriced INTEGER NOT NULL,
     cost_nanos INTEGER NOT NULL,
     attempts INTEGER NOT NULL,
-    duration_ms INTEGER NOT NULL
+    duration_ms INTEGER NOT NULL,
+    usage_suspect INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ledger_by_day ON ledger (traffic, day);
 """
@@ -79,6 +80,11 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
                 f"understands ({SCHEMA_VERSION})"
             )
         conn.executescript(_SCHEMA)
+        if 0 < version < 2:
+            # Version 1 predates the usage_suspect flag: old rows were never flagged.
+            conn.execute(
+                "ALTER TABLE ledger ADD COLUMN usage_suspect INTEGER NOT NULL DEFAULT 0"
+            )
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         conn.close()

@@ -13,7 +13,6 @@ from aiohttp import web
 from prism_proxy import (
     GATEWAY,
     Call,
-    Catalog,
     CatalogKeys,
     Commands,
     Config,
@@ -24,7 +23,7 @@ from prism_proxy import (
 from .billing import BILLING, COST_HEADER, Billing
 from .export import add_ledger_command
 from .ledger import LedgerWriter
-from .prices import PriceBook
+from .prices import PriceBook, price_lines
 from .settings import BillingSettings
 from .usage_api import USAGE_PATH, usage_handler
 
@@ -32,13 +31,6 @@ from .usage_api import USAGE_PATH, usage_handler
 @hookimpl
 def prism_catalog_keys() -> CatalogKeys:
     return CatalogKeys(binding=frozenset({"price"}))
-
-
-@hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    settings = BillingSettings.from_config(config)
-    # Prices are checked even with billing off: a typo in one is still a mistake.
-    PriceBook.from_catalog(catalog, require=settings.enabled and settings.require_prices)
 
 
 @hookimpl
@@ -50,16 +42,24 @@ def prism_cli(commands: Commands) -> None:
 def prism_app_setup(app: web.Application, config: Config) -> None:
     app.router.add_get(USAGE_PATH, usage_handler)
     settings = BillingSettings.from_config(config)
+    gw = app[GATEWAY]
+    # Every line a call could be served by, a routing rule's own lines included;
+    # checked even with billing off: a typo in a price is still a mistake.
+    lines = [*price_lines(gw.catalog)]
+    for extra in gw.hook.prism_catalog_lines(catalog=gw.catalog):
+        lines.extend(extra or ())
+    prices = PriceBook.from_lines(
+        gw.catalog.source, lines, require=settings.enabled and settings.require_prices
+    )
     if settings.ledger_path is None:
         return
-    gw = app[GATEWAY]
     writer = LedgerWriter(
         settings.ledger_path,
         synchronous=settings.synchronous,
         max_batch_rows=settings.max_batch_rows,
         counters=gw.counters,
     )
-    billing = Billing(settings, PriceBook.from_catalog(gw.catalog, require=False), writer)
+    billing = Billing(settings, prices, writer)
     app[BILLING] = billing
     app.cleanup_ctx.append(billing.lifecycle)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import decimal
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -158,20 +158,27 @@ class PriceBook:
 
     @classmethod
     def from_catalog(cls, catalog: Catalog, *, require: bool) -> PriceBook:
+        return cls.from_lines(catalog.source, price_lines(catalog), require=require)
+
+    @classmethod
+    def from_lines(
+        cls, source: str, lines: Iterable[tuple[str, Binding]], *, require: bool
+    ) -> PriceBook:
+        """Each line's price, checked; ``require``: a line without one stops start-up."""
         prices: dict[Binding, Price | None] = {}
-        for where, binding in price_lines(catalog):
+        for where, binding in lines:
             raw = binding.options.get("price")
             if raw is None:
                 if require:
                     raise ConfigError(
-                        catalog.source,
+                        source,
                         f"{where}.price",
                         "missing: billing is on and every chain line needs a price "
                         "(or set [prism:billing] require_prices = false to bill it at 0)",
                     )
                 prices[binding] = None
                 continue
-            prices[binding] = parse_price(raw, f"{where}.price", catalog.source)
+            prices[binding] = parse_price(raw, f"{where}.price", source)
         return cls(prices)
 
     def price_of(self, binding: Binding) -> Price | None:

@@ -134,7 +134,7 @@ def export_rows(conn: sqlite3.Connection, filters: Filters) -> Iterator[dict[str
     sql = f"SELECT {', '.join(COLUMNS)} FROM ledger{where} ORDER BY ts, request_id"
     for record in conn.execute(sql, params):
         row = dict(zip(COLUMNS, record, strict=True))
-        for flag in ("stream", "estimated", "unpriced"):
+        for flag in ("stream", "estimated", "unpriced", "usage_suspect"):
             row[flag] = bool(row[flag])
         row["cost"] = format_nanos(row.pop("cost_nanos"))
         yield row

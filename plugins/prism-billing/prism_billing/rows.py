@@ -33,7 +33,7 @@ class LedgerRow:
     stream: bool
     #: ``customer``, ``probe`` or ``preflight``; only ``customer`` rows are ever billed.
     traffic: str
-    #: ``ok``, ``error`` or ``aborted``, as the core settled the call.
+    #: ``ok``, ``empty``, ``error`` or ``aborted``, as the core settled the call.
     outcome: str
     status: int
     error_code: str | None
@@ -51,6 +51,9 @@ class LedgerRow:
     cost_nanos: int
     attempts: int
     duration_ms: int
+    #: The provider's usage report could not be true (not whole numbers, more output
+    #: than allowed or delivered): the counts billed are Prism's estimate instead.
+    usage_suspect: bool = False
 
     def as_tuple(self) -> tuple[Any, ...]:
         return attrs.astuple(self, recurse=False)
@@ -77,6 +80,7 @@ def build_row(
     cost = 0
     unpriced = False
     estimated = False
+    suspect = False
     tokens = (0, 0, 0, 0)
     if served is not None:
         price = prices.price_of(served.binding)
@@ -86,6 +90,7 @@ def build_row(
             estimated = True
         else:
             estimated = usage.estimated
+            suspect = usage.suspect
             tokens = (
                 clamp_tokens(usage.input_tokens),
                 clamp_tokens(usage.cached_input_tokens),
@@ -118,4 +123,5 @@ def build_row(
         cost_nanos=cost,
         attempts=len(call.attempts),
         duration_ms=max(duration_ms, 0),
+        usage_suspect=suspect,
     )

@@ -81,13 +81,15 @@ async def test_ok_row_names_the_asked_model_and_the_serving_line(
 
 async def test_cached_input_and_request_fee_are_priced_exactly(prism_fake, billing_gateway, ledger):
     price = {"input": 3.0, "output": 15.0, "cached_input": 0.3, "request": 0.001}
+    # An answer long enough for the 500 completion tokens it reports.
+    text = "word " * 500
     body = {
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "created": 0,
         "model": "up-alpha",
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         ],
         "usage": {
             "prompt_tokens": 1000,

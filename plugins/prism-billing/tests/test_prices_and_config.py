@@ -134,3 +134,48 @@ def test_a_bad_billing_setting_stops_start_up(tmp_path, section, key, problem):
         start(catalog(GOOD, GOOD), section, tmp_path)
     assert info.value.key == key
     assert problem in info.value.problem
+
+
+def ruled(rule_line: dict[str, Any]) -> dict[str, Any]:
+    """Model ``m`` priced on its chain, with one rule whose chain names a line of its own."""
+    cat = catalog(GOOD, GOOD)
+    cat["models"]["m"]["rules"] = [
+        {"name": "eu", "when": {"metadata.region": "eu"}, "chain": [rule_line]}
+    ]
+    return cat
+
+
+def test_billing_on_refuses_an_unpriced_rule_line(tmp_path):
+    # Served only to callers whose metadata selects the rule: it would have been free.
+    with pytest.raises(ConfigError) as info:
+        start(ruled({"provider": "p", "model": "eu-only"}), {"ledger_path": "l.sqlite"}, tmp_path)
+    assert info.value.key == "models.m.rules[0].chain[0].price"
+    assert "require_prices = false" in info.value.problem
+
+
+def test_a_bad_price_on_a_rule_line_stops_start_up_with_billing_off():
+    with pytest.raises(ConfigError) as info:
+        start(ruled({"provider": "p", "model": "eu-only", "price": {"input": 1.0}}))
+    assert info.value.key == "models.m.rules[0].chain[0].price.output"
+
+
+def test_prism_check_refuses_an_unpriced_rule_line(tmp_path, capsys):
+    (tmp_path / "catalog.toml").write_text(
+        '[providers.p]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        "[models.m]\n"
+        'chain = [{ provider = "p", model = "a", price = { input = 1.0, output = 2.0 } }]\n'
+        "[[models.m.rules]]\n"
+        'name = "eu"\nwhen = { "metadata.region" = "eu" }\n'
+        'chain = [{ provider = "p", model = "eu-only" }]\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "prism.ini").write_text(
+        "[prism]\ncatalog = catalog.toml\n[prism:billing]\nledger_path = ledger.sqlite\n",
+        encoding="utf-8",
+    )
+    from prism_proxy.cli import main
+
+    assert main(["check", "--config", str(tmp_path / "prism.ini")]) == 2
+    err = capsys.readouterr().err
+    assert "models.m.rules[0].chain[0].price" in err
+    assert not (tmp_path / "ledger.sqlite").exists()

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from prism_proxy import GATEWAY, Call, Catalog, CatalogKeys, Config, ModelSpec, Route, hookimpl
+from prism_proxy import (
+    GATEWAY,
+    Binding,
+    Call,
+    Catalog,
+    CatalogKeys,
+    Config,
+    ModelSpec,
+    Route,
+    hookimpl,
+)
 
 from .metadata import BODY_FIELD, HEADER, read_metadata
 from .rules import CATALOG_KEY, RuleBook, compile_catalog
@@ -27,12 +37,13 @@ def prism_configure(config: Config, catalog: Catalog) -> None:
 
 @hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
-    gateway = app[GATEWAY]
-    # The declared chain-line keys are known only here (prism_configure has no
-    # plugin manager); a ConfigError raised here still stops start-up.
-    declared = [keys for keys in gateway.hook.prism_catalog_keys() if keys is not None]
-    binding_keys = frozenset().union(*(keys.binding for keys in declared))
-    app[RULEBOOK] = compile_catalog(gateway.catalog, binding_keys)
+    catalog = app[GATEWAY].catalog
+    app[RULEBOOK] = compile_catalog(catalog, catalog.line_keys)
+
+
+@hookimpl
+def prism_catalog_lines(catalog: Catalog) -> list[tuple[str, Binding]]:
+    return compile_catalog(catalog, catalog.line_keys).own_lines(catalog)
 
 
 @hookimpl

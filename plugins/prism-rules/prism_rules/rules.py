@@ -46,6 +46,17 @@ class RuleBook:
 
     by_model: Mapping[str, tuple[Rule, ...]]
 
+    def own_lines(self, catalog: Catalog) -> list[tuple[str, Binding]]:
+        """The rule lines that are not catalog chain lines, with their catalog addresses."""
+        known = {id(binding) for model in catalog.models.values() for binding in model.chain}
+        return [
+            (f"models.{model}.{CATALOG_KEY}[{index}].chain[{position}]", binding)
+            for model, rules in self.by_model.items()
+            for index, rule in enumerate(rules)
+            for position, binding in enumerate(rule.chain)
+            if id(binding) not in known
+        ]
+
     def route(self, call: Call, model: ModelSpec) -> Route | None:
         rules = self.by_model.get(model.name) if not model.pinned else None
         if not rules:
@@ -172,5 +183,6 @@ def _chain(
                     raise ConfigError(
                         catalog.source, at, f"{where}.{key}: unknown key (known: {known})"
                     )
+        catalog.check_line_options(f"{at} {where}", extra)
         chain.append(Binding(provider=provider, model=upstream, options=extra))
     return tuple(chain)
