@@ -6,6 +6,7 @@ change without notice.
 """
 
 from .admin import admin_handler, require_admin
+from .answers import error_response
 from .app import create_app
 from .call import (
     ANONYMOUS,
@@ -32,6 +33,7 @@ from .commands import Command, Commands
 from .config import Config, Section, config_from_mapping, load_config
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
+from .generation import Generation
 from .hookimpl import hookimpl
 from .providers import (
     PARAM_RULE_KEYS,
@@ -43,6 +45,7 @@ from .providers import (
     line_params,
     normalise_params,
 )
+from .wire import ChunkKind, Translation, Wire, Wires
 
 __all__ = [
     "ANONYMOUS",
@@ -60,6 +63,7 @@ __all__ = [
     "ConfigError",
     "Endpoint",
     "Gateway",
+    "Generation",
     "HttpProvider",
     "ModelSpec",
     "Outcome",
@@ -76,10 +80,15 @@ __all__ = [
     "UpstreamResult",
     "Usage",
     "Verdict",
+    "ChunkKind",
+    "Translation",
+    "Wire",
+    "Wires",
     "admin_handler",
     "check_param_rules",
     "config_from_mapping",
     "create_app",
+    "error_response",
     "find_permanent_marker",
     "hookimpl",
     "line_params",

@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from .answers import error_response
 from .errors import PrismError
 from .gateway import GATEWAY
-from .wire import OPENAI
 
-__all__ = ["admin_handler", "error_response", "require_admin"]
+__all__ = ["admin_handler", "require_admin"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -31,12 +31,6 @@ def require_admin(request: web.Request) -> None:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
         raise PrismError(401, "invalid_admin_token", "missing or invalid admin token")
-
-
-def error_response(err: PrismError) -> web.Response:
-    return web.Response(
-        status=err.status, body=OPENAI.error_body(err), content_type="application/json"
-    )
 
 
 def admin_handler(handler: Handler) -> Handler:

@@ -16,6 +16,8 @@ from .catalog import Binding, ModelSpec
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from .generation import Generation
+
 __all__ = [
     "Attempt",
     "Call",
@@ -37,6 +39,8 @@ class Endpoint(enum.StrEnum):
     CHAT = "chat"
     EMBEDDINGS = "embeddings"
     MESSAGES = "messages"
+    #: ``GET /v1/models``: authenticated like a call, never dispatched nor settled.
+    MODELS = "models"
 
 
 class Outcome(enum.StrEnum):
@@ -110,6 +114,9 @@ class Attempt:
     binding: Binding
     id: str
     started_at: float
+    #: The generation (configuration) the attempt started under: evidence about
+    #: ``binding`` as that generation's catalog described it.
+    generation: int = 0
     status: int | None = None
     verdict: Verdict | None = None
     #: Time from the attempt's start to its verdict: to the first content of
@@ -213,7 +220,7 @@ def token_count(value: Any) -> int | None:
     return None
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Settlement:
     """How a call ended, handed once to ``prism_settle``.
 
@@ -226,8 +233,8 @@ class Settlement:
 
     outcome: Literal["ok", "empty", "error", "aborted"]
     status: int
-    served: Attempt | None
-    usage: Usage | None
+    served: Attempt | None = None
+    usage: Usage | None = None
     error_code: str | None = None
 
 
@@ -253,7 +260,8 @@ class Call:
     request_id: str
     endpoint: Endpoint
     received_at: float
-    request: web.Request | None = None
+    request: web.Request
+    generation: Generation
     #: ``customer`` for callers; ``probe``/``preflight`` for traffic Prism or a
     #: plugin makes itself, which never reaches a customer's bill.
     traffic: str = "customer"
@@ -275,11 +283,16 @@ class Call:
     served: Attempt | None = None
     response_headers: dict[str, str] = attrs.field(factory=dict)
     extensions: dict[str, Any] = attrs.field(factory=dict)
-    settled: bool = attrs.field(default=False, init=False)
+    #: How the call ended, decided on its way out and settled once by the core.
+    settlement: Settlement | None = None
 
     def new_attempt(self, binding: Binding, now: float) -> Attempt:
         attempt = Attempt(
-            number=len(self.attempts) + 1, binding=binding, id=new_id("att_"), started_at=now
+            number=len(self.attempts) + 1,
+            binding=binding,
+            id=new_id("att_"),
+            started_at=now,
+            generation=self.generation.number,
         )
         self.attempts.append(attempt)
         self.record.append(attempt)

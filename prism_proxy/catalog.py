@@ -9,11 +9,12 @@ provider alone.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 
 from .errors import ConfigError
 
@@ -109,6 +110,18 @@ class Catalog:
     #: Every key a chain line may carry: the core's and those plugins declared.
     line_keys: frozenset[str] = _BINDING_KEYS | _CORE_LINE_OPTIONS
 
+    def fingerprint(self, binding: Binding) -> str:
+        """What makes a line the same upstream: its provider's kind and options, its model.
+
+        Two generations' lines with one id and one fingerprint are one upstream;
+        a changed URL, credential or model makes another one.
+        """
+        spec = self.providers.get(binding.provider)
+        provider = (spec.kind, dict(spec.options)) if spec is not None else None
+        return orjson.dumps(
+            [provider, binding.model], option=orjson.OPT_SORT_KEYS, default=str
+        ).decode()
+
     def check_line_options(self, where: str, options: Mapping[str, Any]) -> None:
         """Check the values of the line options the core reads (for lines plugins build)."""
         cap = options.get("max_output_tokens")
@@ -140,8 +153,14 @@ def load_catalog(
     data: Mapping[str, Any] | None = None,
     kinds: Iterable[str] | None = None,
     extra_keys: Iterable[CatalogKeys] = (),
+    disabled_owner: Callable[[str, str], str | None] | None = None,
 ) -> Catalog:
-    """Read and validate the catalog; every mistake names file, key and problem."""
+    """Read and validate the catalog; every mistake names file, key and problem.
+
+    ``disabled_owner(what, name)`` (``what``: ``model``, ``binding`` or
+    ``kind``) describes the disabled plugin that would have understood an
+    unknown key or provider kind, for the error message.
+    """
     source = str(path) if path is not None else "<catalog>"
     if data is None:
         if path is None:
@@ -160,6 +179,12 @@ def load_catalog(
     def err(key: str, problem: str) -> ConfigError:
         return ConfigError(source, key, problem)
 
+    def unknown(key: str, what: str, name: str, problem: str) -> ConfigError:
+        owner = disabled_owner(what, name) if disabled_owner is not None else None
+        if owner is not None:
+            problem = f"{problem}: it belongs to {owner}"
+        return err(key, problem)
+
     for key in data:
         if key not in _TOP_KEYS:
             raise err(key, "unknown table (expected [providers.*] and [models.*])")
@@ -177,7 +202,8 @@ def load_catalog(
             raise err(f"providers.{name}.kind", 'missing: name the provider kind, e.g. "openai"')
         if known_kinds is not None and kind not in known_kinds:
             installed = ", ".join(sorted(known_kinds)) or "none installed"
-            raise err(f"providers.{name}.kind", f"unknown provider kind {kind!r} ({installed})")
+            problem = f"unknown provider kind {kind!r} ({installed})"
+            raise unknown(f"providers.{name}.kind", "kind", kind, problem)
         options = {k: v for k, v in table.items() if k != "kind"}
         providers[name] = ProviderSpec(name=name, kind=kind, options=options, source=source)
 
@@ -187,7 +213,7 @@ def load_catalog(
     for name, table in _tables(data, "models", err).items():
         for key in table:
             if key not in model_keys:
-                raise err(f"models.{name}.{key}", "unknown key")
+                raise unknown(f"models.{name}.{key}", "model", key, "unknown key")
         tier = table.get("tier", "standard")
         if not isinstance(tier, str) or not tier:
             raise err(f"models.{name}.tier", f"expected a name, got {tier!r}")
@@ -201,7 +227,7 @@ def load_catalog(
                 raise err(where, "expected a table {{ provider = ..., model = ... }}")
             for key in line:
                 if key not in binding_keys:
-                    raise err(f"{where}.{key}", "unknown key")
+                    raise unknown(f"{where}.{key}", "binding", key, "unknown key")
             provider = line.get("provider")
             if not isinstance(provider, str) or provider not in providers:
                 known = ", ".join(sorted(providers)) or "none"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.resources
 import logging
 import sys
@@ -12,14 +13,24 @@ from pathlib import Path
 
 from .app import create_app
 from .commands import Command, Commands
-from .config import Config, config_from_mapping, load_config
+from .config import (
+    Config,
+    Listen,
+    admin_token_unset,
+    config_from_mapping,
+    listen_address,
+    load_config,
+)
 from .errors import ConfigError
 from .gateway import GATEWAY
 from .plugins import describe_plugins, make_plugin_manager
-from .server import Listening, run, serve
+from .server import LISTEN_SOCKETS, CannotListen, Listening, bind, close_sockets, run, serve
 
 __all__ = ["main"]
 
+log = logging.getLogger("prism")
+
+#: The fake upstream's port in the demo catalog (``prism demo --upstream-port`` moves it).
 DEMO_UPSTREAM_PORT = 18900
 
 
@@ -30,12 +41,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"prism: configuration error: {exc}", file=sys.stderr)
         return 2
+    except CannotListen as exc:
+        print(f"prism: {exc}", file=sys.stderr)
+        return 1
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("prism-proxy")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _listen_arg(value: str) -> Listen:
+    """``--listen HOST:PORT``, checked like ``[prism] listen``."""
+    try:
+        return listen_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _port_arg(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {value!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range (1-65535): {port}")
+    return port
 
 
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="prism", description="Prism, a pluggable LLM gateway.")
+    parser.add_argument("--version", action="version", version=f"prism {_version()}")
     commands = Commands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    commands.add("serve", "run the gateway", lambda args, config: _serve(config))
+    serve_parser = commands.add("serve", "run the gateway", _serve)
+    serve_parser.add_argument(
+        "--listen",
+        type=_listen_arg,
+        metavar="HOST:PORT",
+        help="listen here instead of [prism] listen",
+    )
     commands.add(
         "check", "validate the configuration and the catalog, then exit", lambda a, c: _check(c)
     )
@@ -48,13 +94,28 @@ def _main(argv: list[str]) -> int:
     demo = commands.subparsers.add_parser(
         "demo", help="run a fake upstream and the gateway on the embedded demo configuration"
     )
-    demo.add_argument("--listen", default=None, help="HOST:PORT for the gateway")
+    demo.add_argument(
+        "--listen",
+        type=_listen_arg,
+        metavar="HOST:PORT",
+        help="for the gateway (default: 127.0.0.1:8400)",
+    )
+    demo.add_argument(
+        "--upstream-port",
+        type=_port_arg,
+        default=DEMO_UPSTREAM_PORT,
+        metavar="PORT",
+        help=f"the fake upstream's port on 127.0.0.1 (default: {DEMO_UPSTREAM_PORT})",
+    )
     # Plugins add their own commands; which plugins load depends on the config.
     config, config_error = _preload(argv)
     make_plugin_manager(config).hook.prism_cli(commands=commands)
+    if not argv:
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return _demo(args.listen)
+        return _demo(args.listen, args.upstream_port)
     if config_error is not None and (args.needs_config or args.config):
         raise config_error
     run: Command = args.run
@@ -81,23 +142,38 @@ def _logging(config: Config) -> None:
     )
 
 
-def _serve(config: Config) -> int:
+def _serve(args: argparse.Namespace, config: Config) -> int:
+    if args.listen is not None:
+        config.listen = args.listen
     _logging(config)
-    app = create_app(config)
+    # The port first: a busy one stops here, before any plugin opens a file or a pool.
+    sockets = bind(config.listen.host, config.listen.port)
+    try:
+        warning = admin_token_unset(config)
+        if warning is not None:
+            log.warning("%s", warning)
+        app = create_app(config)
+        app[LISTEN_SOCKETS] = sockets
+    except BaseException:
+        close_sockets(sockets)
+        raise
     run(serve(app, config))
     return 0
 
 
 def _check(config: Config) -> int:
     app = create_app(config)
-    gw = app[GATEWAY]
-    plugins = ", ".join(sorted(name for name, _ in gw.pm.list_name_plugin()))
+    generation = app[GATEWAY].current
+    catalog = generation.catalog
+    plugins = ", ".join(generation.loaded())
     print(f"{config.source}: ok")
     print(
-        f"catalog {gw.catalog.source}: {len(gw.catalog.providers)} providers, "
-        f"{len(gw.catalog.models)} models"
+        f"catalog {catalog.source}: {len(catalog.providers)} providers, "
+        f"{len(catalog.models)} models"
     )
     print(f"plugins: {plugins}")
+    for name in sorted(config.disable):
+        print(f"{name}: disabled by [prism] disable in {config.source}")
     return 0
 
 
@@ -115,7 +191,7 @@ def _plugins(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def _demo(listen: str | None) -> int:
+def _demo(listen: Listen | None, upstream_port: int) -> int:
     try:
         from prism_fake_upstream import FakeUpstream
     except ImportError:
@@ -130,21 +206,29 @@ def _demo(listen: str | None) -> int:
         directory = Path(scratch)
         for name in ("prism.ini", "catalog.toml"):
             source = importlib.resources.files("prism_proxy") / "demo" / name
-            (directory / name).write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+            text = source.read_text(encoding="utf-8")
+            if name == "catalog.toml":
+                # The catalog's base_url lines name the fake upstream's port.
+                text = text.replace(
+                    f"127.0.0.1:{DEMO_UPSTREAM_PORT}/", f"127.0.0.1:{upstream_port}/"
+                )
+            (directory / name).write_text(text, encoding="utf-8")
         config = load_config(directory / "prism.ini")
-        if listen:
-            config = config_from_mapping(
-                {"listen": listen, "catalog": "catalog.toml"},
-                source=config.source,
-                base_dir=directory,
-            )
+        if listen is not None:
+            config.listen = listen
         _logging(config)
         fake = FakeUpstream()
 
+        async def banner(listening: Listening) -> None:
+            await _demo_banner(listening, upstream_port)
+
         async def main() -> None:
-            await fake.start(host="127.0.0.1", port=DEMO_UPSTREAM_PORT)
             try:
-                await serve(create_app(config), config, started=_demo_banner)
+                await fake.start(host="127.0.0.1", port=upstream_port)
+            except OSError as exc:
+                raise CannotListen.from_error("127.0.0.1", upstream_port, exc) from None
+            try:
+                await serve(create_app(config), config, started=banner)
             finally:
                 await fake.stop()
 
@@ -152,9 +236,9 @@ def _demo(listen: str | None) -> int:
     return 0
 
 
-async def _demo_banner(listening: Listening) -> None:
+async def _demo_banner(listening: Listening, upstream_port: int) -> None:
     print(
-        f"\nPrism demo on {listening.url} (fake upstream on 127.0.0.1:{DEMO_UPSTREAM_PORT}).\n"
+        f"\nPrism demo on {listening.url} (fake upstream on 127.0.0.1:{upstream_port}).\n"
         f"Try:\n  curl -s {listening.url}/v1/chat/completions -H 'content-type: application/json' "
         '-d \'{"model": "chat-a", "messages": [{"role": "user", "content": "hi"}]}\' -i\n'
         "Press Ctrl-C to stop.\n",

@@ -1,8 +1,10 @@
 """Before dispatch: can this binding express this request, and in which body?
 
 A request in one wire format may be served by a provider speaking another:
-the body is translated, and whatever the target API cannot express makes
-the binding skipped for this request, with the reason in the attempt record.
+the generation's :class:`~prism_proxy.wire.Wires` registry names the
+translation, the body is translated, and whatever the target API cannot
+express makes the binding skipped for this request, with the reason in the
+attempt record.
 """
 
 from __future__ import annotations
@@ -14,23 +16,11 @@ import attrs
 from .call import Call, Endpoint
 from .catalog import Binding
 from .providers import Provider
-from .wire import Wire, wire_for, wire_named
-from .wire.translate_request import Untranslatable, anthropic_to_openai, openai_to_anthropic
-from .wire.translate_response import (
-    AnthropicToOpenAIStream,
-    OpenAIToAnthropicStream,
-    StreamTranslator,
-    anthropic_to_openai_body,
-    openai_to_anthropic_body,
-)
+from .wire import Translation, Wire, Wires, wire_for
+from .wire.translate_request import Untranslatable
+from .wire.translate_response import StreamTranslator
 
 __all__ = ["Prepared", "Untranslatable", "prepare"]
-
-# The endpoint a provider must serve natively to answer a caller's endpoint.
-_NATIVE = {
-    (Endpoint.CHAT, "anthropic"): Endpoint.MESSAGES,
-    (Endpoint.MESSAGES, "openai"): Endpoint.CHAT,
-}
 
 
 @attrs.frozen
@@ -42,41 +32,47 @@ class Prepared:
     adjusted: tuple[str, ...]
     client_wire: Wire
     provider_wire: Wire
+    #: How the answer goes back to the caller's wire (None: the same wire).
+    translation: Translation | None = None
 
     @property
     def translated(self) -> bool:
-        return self.client_wire is not self.provider_wire
+        return self.translation is not None
 
     def stream_translator(self, include_usage: bool) -> StreamTranslator | None:
-        if not self.translated:
+        if self.translation is None:
             return None
-        if self.client_wire.name == "anthropic":
-            return OpenAIToAnthropicStream()
-        return AnthropicToOpenAIStream(include_usage=include_usage)
+        translator: StreamTranslator = self.translation.stream(include_usage)
+        return translator
 
     def translate_body(self, payload: Any) -> Any:
         """A whole non-streaming answer in the caller's format."""
-        if not self.translated or not isinstance(payload, dict):
+        if self.translation is None or not isinstance(payload, dict):
             return payload
-        usage = self.provider_wire.usage_update(None, payload)
-        if self.client_wire.name == "anthropic":
-            return openai_to_anthropic_body(payload, usage)
-        return anthropic_to_openai_body(payload, usage)
+        return self.translation.body(payload, self.provider_wire.usage_update(None, payload))
 
 
-def prepare(call: Call, binding: Binding, provider: Provider) -> Prepared:
+def prepare(call: Call, binding: Binding, provider: Provider, wires: Wires) -> Prepared:
     """Translate and normalise ``call.body`` for ``binding``; raises Untranslatable."""
     client_wire = wire_for(call.endpoint)
-    provider_wire = wire_named(provider.wire)
-    endpoint = _NATIVE.get((call.endpoint, provider.wire), call.endpoint)
+    provider_wire = wires.get(provider.wire)
+    if provider_wire is None:
+        raise Untranslatable(f"no plugin provides the {provider.wire!r} wire format")
+    translation = None
+    endpoint = call.endpoint
+    if provider_wire is not client_wire:
+        translation = wires.translation(client_wire, provider_wire)
+        if translation is None or call.endpoint not in translation.endpoints:
+            raise Untranslatable(
+                f"provider kind {provider.spec.kind!r} has no {call.endpoint} API"
+            )
+        endpoint = translation.endpoints[call.endpoint]
     if endpoint not in provider.endpoints:
         raise Untranslatable(f"provider kind {provider.spec.kind!r} has no {call.endpoint} API")
     adjusted: list[str] = []
-    if client_wire is provider_wire:
+    if translation is None:
         body = dict(call.body)
-    elif provider.wire == "anthropic":
-        body, adjusted = openai_to_anthropic(call.body, provider.default_max_tokens)
     else:
-        body, adjusted = anthropic_to_openai(call.body)
+        body, adjusted = translation.request(call.body, provider)
     adjusted.extend(provider.adjust(binding, body))
-    return Prepared(endpoint, body, tuple(adjusted), client_wire, provider_wire)
+    return Prepared(endpoint, body, tuple(adjusted), client_wire, provider_wire, translation)

@@ -12,7 +12,6 @@ Each plugin reads its own section: ``[prism:<name>]`` in ini files,
 from __future__ import annotations
 
 import configparser
-import logging
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -23,9 +22,17 @@ import attrs
 
 from .errors import ConfigError
 
-__all__ = ["Config", "Section", "find_config", "load_config", "config_from_mapping"]
+__all__ = [
+    "Config",
+    "Listen",
+    "Section",
+    "admin_token_unset",
+    "config_from_mapping",
+    "find_config",
+    "listen_address",
+    "load_config",
+]
 
-log = logging.getLogger("prism")
 CORE_KEYS = frozenset(
     {
         "listen",
@@ -187,6 +194,8 @@ class Config:
     cross_tier_fallback: bool = False
     #: The admin API's bearer token, read from the variable ``admin_token_env`` names.
     admin_token: str | None = attrs.field(default=None, repr=False)
+    #: The variable ``[prism] admin_token_env`` names (None: not configured).
+    admin_token_env: str | None = None
     #: A request's line and headers must arrive within this; a body may pause no longer.
     header_timeout_s: float = 10.0
     #: An idle keep-alive connection is closed after this.
@@ -225,7 +234,7 @@ def _ini_has_prism(path: Path) -> bool:
     parser = configparser.ConfigParser(interpolation=None)
     try:
         parser.read(path, encoding="utf-8")
-    except configparser.Error:
+    except (configparser.Error, UnicodeDecodeError):
         return False
     return parser.has_section("prism")
 
@@ -266,7 +275,12 @@ def _read_ini(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     try:
         parser.read(path, encoding="utf-8")
     except configparser.Error as exc:
-        raise ConfigError(str(path), "(file)", f"not a valid ini file: {exc}") from None
+        where, problem = _ini_mistake(exc)
+        raise ConfigError(str(path), where, f"not a valid ini file ({problem})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            str(path), "(file)", f"not a valid ini file (not UTF-8 text at byte {exc.start})"
+        ) from None
     if not parser.has_section("prism"):
         raise ConfigError(str(path), "[prism]", "section missing")
     core = dict(parser.items("prism"))
@@ -276,6 +290,21 @@ def _read_ini(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         if name.startswith("prism:")
     }
     return core, plugins
+
+
+def _ini_mistake(exc: configparser.Error) -> tuple[str, str]:
+    """Where an ini file is broken (``line N``) and what is wrong, in words, without reprs."""
+    if isinstance(exc, configparser.MissingSectionHeaderError):
+        return f"line {exc.lineno}", "a key outside any section"
+    if isinstance(exc, configparser.DuplicateOptionError):
+        return f"line {exc.lineno}", f"[{exc.section}] {exc.option} is set twice"
+    if isinstance(exc, configparser.DuplicateSectionError):
+        return f"line {exc.lineno}", f"section [{exc.section}] appears twice"
+    if isinstance(exc, configparser.ParsingError) and exc.errors:
+        lines = [lineno for lineno, _ in exc.errors]
+        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+        return f"line {lines[0]}", f"not a [section], a key = value or a comment{more}"
+    return "(file)", type(exc).__name__
 
 
 def _read_pyproject(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -356,25 +385,40 @@ def config_from_mapping(
         config.max_connections = core.get_int("max_connections", 0, min=1)
     token_env = core.get_str("admin_token_env")
     if token_env:
+        # An unset variable is no error here: `prism serve` warns that the
+        # admin API stays off (see admin_token_unset), other commands stay quiet.
+        config.admin_token_env = token_env
         config.admin_token = os.environ.get(token_env) or None
-        if config.admin_token is None:
-            log.warning(
-                "%s: [prism] admin_token_env: %s is not set; the admin API stays off",
-                source,
-                token_env,
-            )
     return config
 
 
+def admin_token_unset(config: Config) -> str | None:
+    """The warning for an ``admin_token_env`` that names an unset variable, or None."""
+    if config.admin_token_env is None or config.admin_token is not None:
+        return None
+    return (
+        f"{config.source}: [prism] admin_token_env: {config.admin_token_env} is not set; "
+        "the admin API stays off"
+    )
+
+
 def parse_listen(section: Section, value: str) -> Listen:
+    try:
+        return listen_address(value)
+    except ValueError as exc:
+        raise section.error("listen", str(exc)) from None
+
+
+def listen_address(value: str) -> Listen:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6), or ValueError saying what is wrong."""
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
-        raise section.error("listen", f"expected HOST:PORT, got {value!r}")
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
     host = host.strip("[]")
     try:
         port = int(port_text)
     except ValueError:
-        raise section.error("listen", f"port must be a number, got {port_text!r}") from None
+        raise ValueError(f"port must be a number, got {port_text!r}") from None
     if not 0 <= port <= 65535:
-        raise section.error("listen", f"port out of range: {port}")
+        raise ValueError(f"port out of range: {port}")
     return Listen(host, port)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -238,23 +239,27 @@ class GuardedHandler(web.RequestHandler):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP listener whose connections are :class:`GuardedHandler` s."""
+    """A TCP listener whose connections are :class:`GuardedHandler` s.
 
-    __slots__ = ("_guard", "_handler_args", "_host", "_port")
+    It serves on ``sock``, a socket already bound and listening (see
+    :func:`prism_proxy.server.bind`): the port is taken before the app's
+    start-up runs, so a busy port stops nothing half-started.  Stopping the
+    site closes the socket.
+    """
+
+    __slots__ = ("_guard", "_handler_args", "_sock")
 
     def __init__(
         self,
         runner: web.BaseRunner,
-        host: str,
-        port: int,
+        sock: socket.socket,
         *,
         guard: ConnectionGuard,
         keepalive_timeout_s: float,
         backlog: int = 1024,
     ) -> None:
         super().__init__(runner, backlog=backlog)
-        self._host = host
-        self._port = port
+        self._sock = sock
         self._guard = guard
         self._handler_args: dict[str, Any] = {
             "keepalive_timeout": keepalive_timeout_s,
@@ -266,8 +271,9 @@ class GuardedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self._port}"
+        host, port = self._sock.getsockname()[:2]
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}"
 
     async def start(self) -> None:
         await super().start()
@@ -279,6 +285,4 @@ class GuardedSite(web.BaseSite):
         def protocol() -> GuardedHandler:
             return GuardedHandler(server, loop=loop, guard=guard, **args)
 
-        self._server = await loop.create_server(
-            protocol, self._host, self._port, backlog=self._backlog, reuse_address=True
-        )
+        self._server = await loop.create_server(protocol, sock=self._sock, backlog=self._backlog)

@@ -31,7 +31,7 @@ from .call import Attempt, Call, Endpoint, Outcome, Route, Skip, UpstreamResult,
 from .catalog import Binding, ModelSpec
 from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
-from .gateway import Gateway
+from .generation import Generation
 from .providers import UpstreamResponse
 from .record import attempt_record
 from .stream import UpstreamStream
@@ -83,13 +83,13 @@ class _BudgetSpent(Exception):
     pass
 
 
-async def dispatch(gw: Gateway, call: Call) -> Served:
+async def dispatch(gen: Generation, call: Call) -> Served:
     """Serve ``call`` from its route, then (if allowed) from its cross-tier fallbacks."""
     model = call.model
     assert model is not None and call.route is not None
-    config = gw.config
+    config = gen.config
     budget_ms = model.call_budget_ms or config.call_budget_ms
-    walk = _Walk(gw, call, call.received_at + budget_ms / 1000)
+    walk = _Walk(gen, call, call.received_at + budget_ms / 1000)
     try:
         served = await walk.route(call.route, model)
         if served is not None:
@@ -99,8 +99,9 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
             cross_tier = config.cross_tier_fallback
         if cross_tier and call.route.cross_tier and not model.pinned:
             for name in model.fallback_models:
-                fallback = gw.catalog.models[name]
-                route: Route | None = gw.hot.prism_select_route(call=call, model=fallback)
+                fallback = gen.catalog.models[name]
+                select = gen.hooks.select_route
+                route: Route | None = select(call=call, model=fallback) if select else None
                 if route is None:
                     continue
                 call.record.append(
@@ -111,7 +112,7 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
                 if served is not None:
                     return served
     except _BudgetSpent:
-        gw.counters["chain_exceeded_max_time"] += 1
+        gen.counters["chain_exceeded_max_time"] += 1
         raise exhausted(call, status=504, code="chain_deadline_exceeded") from None
     if not call.attempts and walk.incompatible:
         reasons = "; ".join(f"{binding_id}: {why}" for binding_id, why in walk.incompatible)
@@ -126,7 +127,7 @@ async def dispatch(gw: Gateway, call: Call) -> Served:
 
 @attrs.define(eq=False)
 class _Walk:
-    gw: Gateway
+    gen: Generation
     call: Call
     deadline: float
     #: Bindings skipped because they cannot express the request, with why.
@@ -140,9 +141,8 @@ class _Walk:
         ready = []
         for binding in route.bindings:
             try:
-                ready.append(
-                    (binding, prepare(self.call, binding, self.gw.providers[binding.provider]))
-                )
+                provider = self.gen.providers[binding.provider]
+                ready.append((binding, prepare(self.call, binding, provider, self.gen.wires)))
             except Untranslatable as why:
                 # Reasons may quote the caller's input: bounded, they fit a header.
                 reason = str(why)[:120]
@@ -157,24 +157,24 @@ class _Walk:
     async def binding(
         self, binding: Binding, model: ModelSpec, prepared: Prepared
     ) -> Served | None:
-        gw, call = self.gw, self.call
-        config = gw.config
+        gen, call = self.gen, self.call
+        config = gen.config
         retries = model.retries if model.retries is not None else config.retries
         backoff = Backoff(config.backoff_base_ms / 1000, config.backoff_cap_ms / 1000)
         attempt_timeout = call.attempt_timeout_s
         tries = 0
         timed_out_before = False
         while True:
-            remaining = self.deadline - gw.clock()
+            remaining = self.deadline - gen.clock()
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
-            admit = gw.hot.prism_admit_attempt
+            admit = gen.hooks.admit_attempt
             veto = admit(call=call, binding=binding) if admit is not None else None
             if veto is not None:
                 call.record.append(Skip("vetoed", veto, binding))
                 return None
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
-            served, attempt, result = await _attempt(gw, call, binding, timeout, prepared)
+            served, attempt, result = await _attempt(gen, call, binding, timeout, prepared)
             verdict = attempt.verdict
             assert verdict is not None
             if served is not None:
@@ -194,22 +194,22 @@ class _Walk:
                 timed_out_before = True
             wait = verdict.retry_after_s
             if wait is None:
-                wait = backoff.delay(tries, gw.random)
-            if gw.clock() + wait + MIN_ATTEMPT_S > self.deadline:
+                wait = backoff.delay(tries, gen.random)
+            if gen.clock() + wait + MIN_ATTEMPT_S > self.deadline:
                 # Waiting would not leave room for another attempt: move on now.
                 return None
-            await gw.sleep(wait)
+            await gen.sleep(wait)
             tries += 1
 
 
 async def _attempt(
-    gw: Gateway, call: Call, binding: Binding, timeout: float, prepared: Prepared
+    gen: Generation, call: Call, binding: Binding, timeout: float, prepared: Prepared
 ) -> tuple[Served | None, Attempt, UpstreamResult]:
-    provider = gw.providers[binding.provider]
-    attempt = call.new_attempt(binding, gw.clock())
+    provider = gen.providers[binding.provider]
+    attempt = call.new_attempt(binding, gen.clock())
     attempt.params_adjusted = list(prepared.adjusted)
-    if gw.hot.prism_attempt_start is not None:
-        gw.hot.prism_attempt_start(call=call, attempt=attempt)
+    if gen.hooks.attempt_start is not None:
+        gen.hooks.attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
@@ -256,13 +256,13 @@ async def _attempt(
             log.exception("provider %r failed on %s", binding.provider, call.request_id)
             attempt.error = f"provider error: {type(exc).__name__}"
             result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
-        verdict = await _finish(gw, call, attempt, result)
+        verdict = await _finish(gen, call, attempt, result)
     except BaseException as exc:
         # The caller left (or an observer failed) mid-attempt: drop the upstream at once.
         if response is not None:
             response.close()
         if attempt.verdict is None and isinstance(exc, asyncio.CancelledError):
-            await _finish(gw, call, attempt, UpstreamResult(attempt.status, error=exc))
+            await _finish(gen, call, attempt, UpstreamResult(attempt.status, error=exc))
         raise
     if verdict.outcome in (Outcome.OK, Outcome.EMPTY) and response is not None:
         return Served(attempt, response, result, stream, prepared), attempt, result
@@ -274,20 +274,20 @@ async def _attempt(
     return None, attempt, result
 
 
-async def _finish(gw: Gateway, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
+async def _finish(gen: Generation, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
     """Classify the attempt and let observers see it."""
-    attempt.elapsed_ms = (gw.clock() - attempt.started_at) * 1000
+    attempt.elapsed_ms = (gen.clock() - attempt.started_at) * 1000
     verdict: Verdict
     if result.malformed is not None:
         # Not an answer, whatever a classifier would make of it: never served, never billed.
         outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
         verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
     else:
-        verdict = gw.hot.prism_classify(call=call, attempt=attempt, result=result)
+        verdict = gen.hooks.classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
-    if gw.hot.prism_on_attempt is None:
+    if gen.hooks.on_attempt is None:
         return verdict
-    pending = gw.hot.prism_on_attempt(call=call, attempt=attempt)
+    pending = [p for p in gen.hooks.on_attempt(call=call, attempt=attempt) if p is not None]
     if pending:
         await asyncio.gather(*pending)
     return verdict

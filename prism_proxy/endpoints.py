@@ -9,13 +9,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from .admin import admin_handler
+from .answers import Answer, BodyAnswer, ErrorAnswer, error_response, settle
 from .call import Call, Endpoint, Settlement, new_id
 from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
-from .errors import PrismError
-from .gateway import GATEWAY, Gateway
-from .record import prism_headers
-from .relay import error_answer, relay, relay_degraded
-from .wire import ANTHROPIC, OPENAI, wire_for
+from .errors import ConfigError, PrismError
+from .gateway import GATEWAY
+from .generation import Generation
+from .relay import degraded, relay
+from .wire import ANTHROPIC, OPENAI, Wire, wire_for
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
 
@@ -33,6 +35,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/prism/stats", stats)
+    app.router.add_post("/prism/admin/reload", reload)
 
 
 def add_unmatched_route(app: web.Application) -> None:
@@ -47,7 +50,7 @@ async def unmatched(request: web.Request) -> web.Response:
     for resource in request.app.router.resources():
         if resource is not this:
             allowed |= (await resource.resolve(request))[1]
-    wire = ANTHROPIC if _anthropic_client(request) else OPENAI
+    wire = _client_wire(request)
     if allowed:
         methods = ", ".join(sorted(allowed))
         err = PrismError(
@@ -55,14 +58,8 @@ async def unmatched(request: web.Request) -> web.Response:
             "method_not_allowed",
             f"{request.method} is not allowed on this path (allowed: {methods})",
         )
-        return web.Response(
-            status=405,
-            body=wire.error_body(err),
-            content_type="application/json",
-            headers={"Allow": methods},
-        )
-    err = PrismError(404, "not_found", "no endpoint at this path")
-    return web.Response(status=404, body=wire.error_body(err), content_type="application/json")
+        return error_response(err, wire=wire, headers={"Allow": methods})
+    return error_response(PrismError(404, "not_found", "no endpoint at this path"), wire=wire)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -149,28 +146,46 @@ def _too_large(limit: int) -> PrismError:
 
 
 async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
+    """A call's whole life: on the generation serving now, settled once on every path."""
+    gateway = request.app[GATEWAY]
+    generation = gateway.enter()
     call = Call(
         request_id=new_id("req_"),
         endpoint=endpoint,
-        received_at=gw.clock(),
+        received_at=generation.clock(),
         request=request,
-        attempt_timeout_s=gw.config.attempt_timeout_ms / 1000,
+        generation=generation,
+        attempt_timeout_s=generation.config.attempt_timeout_ms / 1000,
     )
     try:
-        call.body = await _read_json(
-            request, gw.config.max_body_bytes, gw.config.header_timeout_s
-        )
-        if endpoint is Endpoint.CHAT:
-            call.model_name, call.stream, call.include_usage = validate_chat(call.body)
-        elif endpoint is Endpoint.MESSAGES:
-            call.model_name, call.stream = validate_messages(call.body)
+        try:
+            answer = await _answer(generation, call)
+        finally:
+            if call.settlement is None:
+                # Cancelled before any outcome was decided: the caller left.
+                call.settlement = Settlement(
+                    outcome="aborted", status=499, served=call.served, error_code="client_closed"
+                )
+            recorded = await settle(generation, call)
+        return await answer.finish(call, recorded)
+    finally:
+        gateway.leave(generation)
+
+
+async def _answer(generation: Generation, call: Call) -> Answer:
+    """Serve ``call``; every path sets ``call.settlement`` and returns what is left to send."""
+    config, hooks = generation.config, generation.hooks
+    try:
+        body = await _read_json(call.request, config.max_body_bytes, config.header_timeout_s)
+        call.body = body
+        if call.endpoint is Endpoint.CHAT:
+            call.model_name, call.stream, call.include_usage = validate_chat(body)
+        elif call.endpoint is Endpoint.MESSAGES:
+            call.model_name, call.stream = validate_messages(body)
         else:
-            call.model_name = validate_embeddings(call.body)
-        principal = gw.hot.prism_authenticate(call=call, request=request)
-        if principal is not None:
-            call.principal = principal
-        call.model = gw.catalog.resolve(call.model_name)
+            call.model_name = validate_embeddings(body)
+        _authenticate(generation, call)
+        call.model = generation.catalog.resolve(call.model_name)
         if call.model is None:
             raise PrismError(
                 404,
@@ -178,39 +193,46 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
                 f"model '{call.model_name}' is not in the catalog (GET /v1/models lists them)",
                 param="model",
             )
-        if gw.hot.prism_call_start is not None:
-            gw.hot.prism_call_start(call=call, request=request)
-        call.route = gw.hot.prism_select_route(call=call, model=call.model)
+        if hooks.call_start is not None:
+            hooks.call_start(call=call)
+        call.route = hooks.select_route(call=call, model=call.model) if hooks.select_route else None
         if call.route is None:
             raise exhausted(call)
-        served = await dispatch(gw, call)
-        return await relay(gw, call, served, request)
+        served = await dispatch(generation, call)
+        return await relay(call, served)
     except PassThrough as rejected:
-        return await _pass_through(gw, call, rejected)
+        return _pass_through(generation, call, rejected)
     except ChainDeadline as err:
-        if call.model is not None and call.model.degraded and endpoint is not Endpoint.EMBEDDINGS:
-            return await relay_degraded(gw, call, call.model.degraded, request)
-        return await _error_response(gw, call, err)
+        model = call.model
+        if model is not None and model.degraded and call.endpoint is not Endpoint.EMBEDDINGS:
+            return await degraded(call, model.degraded)
+        return _refused(call, err)
     except PrismError as err:
-        return await _error_response(gw, call, err)
-    except asyncio.CancelledError:
-        served_attempt = call.served
-        await gw.settle(call, Settlement("aborted", 499, served_attempt, None, "client_closed"))
-        raise
+        return _refused(call, err)
     except Exception:
         log.exception("unexpected failure in %s", call.request_id)
-        if call.settled:
-            raise
         failure = PrismError(
             500,
             "internal_error",
             f"Prism failed unexpectedly; the log has the details under {call.request_id}",
             type="api_error",
         )
-        return await _error_response(gw, call, failure)
+        return _refused(call, failure)
 
 
-async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.Response:
+def _authenticate(generation: Generation, call: Call) -> None:
+    authenticate = generation.hooks.authenticate
+    principal = authenticate(call=call) if authenticate is not None else None
+    if principal is not None:
+        call.principal = principal
+
+
+def _refused(call: Call, err: PrismError) -> Answer:
+    call.settlement = Settlement(outcome="error", status=err.status, error_code=err.code)
+    return ErrorAnswer(err)
+
+
+def _pass_through(generation: Generation, call: Call, rejected: PassThrough) -> Answer:
     """The caller's own mistake, as the upstream said it.
 
     Unchanged when the caller speaks the upstream's wire format; otherwise the
@@ -219,15 +241,15 @@ async def _pass_through(gw: Gateway, call: Call, rejected: PassThrough) -> web.R
     """
     result = rejected.result
     status = 400 if result.status in (None, 200) else result.status
-    await gw.settle(call, Settlement("error", status, None, None, "upstream_request_error"))
-    headers = prism_headers(call)
-    headers["Content-Type"] = "application/json"
-    provider = gw.providers[rejected.attempt.binding.provider]
+    call.settlement = Settlement(
+        outcome="error", status=status, error_code="upstream_request_error"
+    )
+    provider = generation.providers[rejected.attempt.binding.provider]
     client_wire = wire_for(call.endpoint)
     if client_wire.name == provider.wire and isinstance(result.json, dict):
-        return web.Response(status=status, body=result.body, headers=headers)
+        return BodyAnswer(result.body, status=status, unbilled=True)
     err = PrismError(status, "upstream_request_error", _upstream_message(result.json))
-    return web.Response(status=status, body=client_wire.error_body(err), headers=headers)
+    return ErrorAnswer(err)
 
 
 def _upstream_message(payload: Any) -> str:
@@ -236,19 +258,37 @@ def _upstream_message(payload: Any) -> str:
     return str(message) if message else "the upstream rejected the request"
 
 
-async def _error_response(gw: Gateway, call: Call, err: PrismError) -> web.Response:
-    await gw.settle(call, Settlement("error", err.status, None, None, err.code))
-    return error_answer(call, err)
-
-
 def _anthropic_client(request: web.Request) -> bool:
     """The Anthropic SDK sends anthropic-version; it expects its own shapes."""
     return "anthropic-version" in request.headers or request.path.startswith("/v1/messages")
 
 
+def _client_wire(request: web.Request) -> Wire:
+    return ANTHROPIC if _anthropic_client(request) else OPENAI
+
+
+def _models_caller(request: web.Request) -> tuple[Generation, web.Response | None]:
+    """The model list is part of the API: whoever may call may list (``prism_authenticate``)."""
+    generation = request.app[GATEWAY].current
+    call = Call(
+        request_id=new_id("req_"),
+        endpoint=Endpoint.MODELS,
+        received_at=generation.clock(),
+        request=request,
+        generation=generation,
+    )
+    try:
+        _authenticate(generation, call)
+    except PrismError as err:
+        return generation, error_response(err, wire=_client_wire(request))
+    return generation, None
+
+
 async def list_models(request: web.Request) -> web.Response:
-    catalog = request.app[GATEWAY].catalog
-    names = list(catalog.models)
+    generation, refused = _models_caller(request)
+    if refused is not None:
+        return refused
+    names = list(generation.catalog.models)
     if _anthropic_client(request):
         body: dict[str, Any] = {
             "data": [_anthropic_model(name) for name in names],
@@ -262,16 +302,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def get_model(request: web.Request) -> web.Response:
-    catalog = request.app[GATEWAY].catalog
+    generation, refused = _models_caller(request)
+    if refused is not None:
+        return refused
     name = request.match_info["model"]
-    anthropic = _anthropic_client(request)
-    if catalog.resolve(name) is None:
+    if generation.catalog.resolve(name) is None:
         err = PrismError(
             404, "model_not_found", f"model '{name}' is not in the catalog", param="model"
         )
-        wire = ANTHROPIC if anthropic else OPENAI
-        return web.Response(status=404, body=wire.error_body(err), content_type="application/json")
-    body = _anthropic_model(name) if anthropic else _model_object(name)
+        return error_response(err, wire=_client_wire(request))
+    body = _anthropic_model(name) if _anthropic_client(request) else _model_object(name)
     return web.json_response(body, dumps=_dumps)
 
 
@@ -297,10 +337,26 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"status": "draining"}, status=503)
     if not gw.ready:
         return web.json_response({"status": "starting"}, status=503)
-    plugins = sorted(name for name, _ in gw.pm.list_name_plugin())
+    generation = gw.current
     return web.json_response(
-        {"status": "ready", "plugins": plugins, "models": len(gw.catalog.models)}
+        {
+            "status": "ready",
+            "generation": generation.number,
+            "plugins": generation.loaded(),
+            "disabled": sorted(generation.config.disable),
+            "models": len(generation.catalog.models),
+        }
     )
+
+
+@admin_handler
+async def reload(request: web.Request) -> web.Response:
+    """Reload the configuration file (as SIGHUP does); 400 ``reload_refused`` names the mistake."""
+    try:
+        generation = await request.app[GATEWAY].reload()
+    except ConfigError as exc:
+        raise PrismError(400, "reload_refused", f"configuration error: {exc}") from None
+    return web.json_response({"status": "reloaded", "generation": generation.number})
 
 
 async def stats(request: web.Request) -> web.Response:

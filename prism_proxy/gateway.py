@@ -1,4 +1,4 @@
-"""The gateway's state for one app: configuration, catalog, plugins and providers."""
+"""The gateway: the generation serving new calls, and reloading the next one beside it."""
 
 from __future__ import annotations
 
@@ -7,134 +7,169 @@ import collections
 import logging
 import random
 import time
-import types
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import attrs
-import pluggy
 from aiohttp import web
 
-from .call import Call, Settlement
-from .catalog import Catalog
-from .config import Config
-from .providers import Provider
+from .config import Config, load_config
+from .errors import ConfigError
+from .generation import Generation, Keeper, build_generation
 
-__all__ = ["GATEWAY", "Gateway", "direct_caller"]
+__all__ = ["GATEWAY", "Gateway"]
 
 log = logging.getLogger("prism")
-call_log = logging.getLogger("prism.calls")
 
 
 @attrs.define(eq=False)
 class Gateway:
-    config: Config
-    catalog: Catalog
-    pm: pluggy.PluginManager
-    providers: dict[str, Provider]
-    #: Monotonic seconds, the pause between retries and the jitter source; tests inject their own.
+    """One app's gateway: its current generation, the retired ones still draining, counters.
+
+    ``clock``, ``sleep`` and ``random`` are the time source, the pause
+    between retries and the jitter source (tests inject their own); every
+    generation gets the same ones.
+    """
+
+    current: Generation
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     random: Callable[[], float] = random.random
-    #: Event counters (e.g. ``chain_exceeded_max_time``), served at GET /prism/stats.
+    #: Event counters (``chain_exceeded_max_time``, ``reloads`` …), served at GET /prism/stats.
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    #: What plugins registered beside the installed ones (tests, embedding apps).
+    plugins: tuple[tuple[object, str], ...] = ()
+    load_entrypoints: bool = True
     ready: bool = False
     draining: bool = False
-    #: Every ``prism_*`` hook as the hot path calls it (see :func:`direct_caller`), or
-    #: None when nobody implements it, so the hot path can skip it outright.
-    hot: Any = attrs.field(factory=types.SimpleNamespace)
+    #: Retired generations whose calls are still running.
+    draining_generations: set[Generation] = attrs.field(factory=set)
+    _reload_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
+    _stopping: set[asyncio.Task[None]] = attrs.field(factory=set)
 
     @property
-    def hook(self) -> pluggy.HookRelay:
-        return self.pm.hook
+    def config(self) -> Config:
+        return self.current.config
 
-    def refresh_hooks(self) -> None:
-        """Look the hooks up again (plugins may register during app setup)."""
-        callers = {
-            name: getattr(self.pm.hook, name)
-            for name in dir(self.pm.hook)
-            if name.startswith("prism_")
-        }
-        self.hot = types.SimpleNamespace(
-            **{name: direct_caller(caller) for name, caller in callers.items()}
+    def build(self, config: Config) -> Generation:
+        """The next generation for ``config`` (built, not started); raises ``ConfigError``."""
+        return build_generation(
+            config,
+            number=self.current.number + 1,
+            keeper=self.current.keeper,
+            plugins=self.plugins,
+            load_entrypoints=self.load_entrypoints,
+            clock=self.clock,
+            sleep=self.sleep,
+            random=self.random,
+            counters=self.counters,
         )
 
+    async def reload(self, config: Config | None = None) -> Generation:
+        """Build and start the next generation, then serve new calls from it.
+
+        ``config`` None re-reads the file the running configuration came
+        from.  A configuration that fails to load or start is refused
+        (``ConfigError``, logged and counted) and the running generation
+        keeps serving; calls in flight finish on the generation they began on.
+        """
+        async with self._reload_lock:
+            try:
+                if config is None:
+                    config = load_config(self.current.config.source)
+                following = self.build(config)
+                await following.start()
+            except Exception as exc:
+                self.counters["reloads_refused"] += 1
+                log.error(
+                    "reload refused, generation %d keeps serving: %s", self.current.number, exc
+                )
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(config_source(config, self), "reload", str(exc)) from exc
+            previous, self.current = self.current, following
+            self.counters["reloads"] += 1
+            log.info("generation %d serving (reloaded from %s)", following.number, config.source)
+            self._retire(previous)
+            return following
+
+    def _retire(self, generation: Generation) -> None:
+        generation.retired = True
+        self.draining_generations.add(generation)
+        if generation.in_flight == 0:
+            self._stop_soon(generation)
+
+    def enter(self) -> Generation:
+        """The generation a new call runs on, counted in flight until :meth:`leave`."""
+        generation = self.current
+        generation.in_flight += 1
+        return generation
+
+    def leave(self, generation: Generation) -> None:
+        generation.in_flight -= 1
+        if generation.retired and generation.in_flight == 0:
+            self._stop_soon(generation)
+
+    def _stop_soon(self, generation: Generation) -> None:
+        async def stop() -> None:
+            try:
+                await generation.stop()
+            finally:
+                self.draining_generations.discard(generation)
+                log.info("generation %d stopped", generation.number)
+
+        task = asyncio.get_running_loop().create_task(
+            stop(), name=f"prism-stop-{generation.number}"
+        )
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: open every provider's pool at start-up, close them at shutdown."""
-        self.refresh_hooks()
-        await asyncio.gather(*(provider.start() for provider in self.providers.values()))
+        """cleanup_ctx: start the first generation; at shutdown stop every generation."""
+        await self.current.start()
         self.ready = True
         yield
         self.ready = False
-        await asyncio.gather(*(provider.close() for provider in self.providers.values()))
+        for generation in [*self.draining_generations, self.current]:
+            await generation.stop()
 
     async def on_shutdown(self, app: web.Application) -> None:
         self.draining = True
 
-    async def settle(self, call: Call, settlement: Settlement) -> bool:
-        """Run ``prism_settle`` exactly once for ``call`` and log the call's summary line.
 
-        Returns False when an implementation failed (its awaitable raised):
-        the relay then withholds an answer it could not account for.
-        """
-        if call.settled:
-            return True
-        call.settled = True
-        recorded = True
-        try:
-            settle = self.hot.prism_settle
-            pending = settle(call=call, settlement=settlement) if settle is not None else None
-            if pending:
-                # Shielded: a client leaving must not cut a ledger commit in half.
-                await asyncio.shield(asyncio.gather(*pending))
-        except Exception:
-            log.exception("prism_settle failed for %s", call.request_id)
-            recorded = False
-        if call_log.isEnabledFor(logging.INFO):
-            served = settlement.served
-            call_log.info(
-                "%s %s model=%r served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
-                call.request_id,
-                call.endpoint,
-                call.model_name or "-",
-                served.binding.id if served else "-",
-                settlement.status,
-                settlement.outcome,
-                settlement.error_code or "-",
-                len(call.attempts),
-                (self.clock() - call.received_at) * 1000,
-            )
-        return recorded
+def config_source(config: Config | None, gateway: Gateway) -> str:
+    return config.source if config is not None else gateway.current.config.source
 
 
-def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
-    """How the hot path calls a hook: None when nobody implements it; the one
-    implementation itself when there is exactly one and it wraps nothing;
-    else pluggy's caller.
-
-    pluggy's general machinery (argument checks, wrappers, result lists) costs
-    more than a typical implementation; with one plain implementation the
-    outcome is the same, results and exceptions alike.  pluggy's call tracing
-    does not see hooks called directly.
-    """
-    impls = caller.get_hookimpls()
-    if not impls:
-        return None
-    if len(impls) > 1 or impls[0].hookwrapper or impls[0].wrapper:
-        return caller
-    function, names = impls[0].function, tuple(impls[0].argnames)
-    if caller.spec is not None and caller.spec.opts.get("firstresult"):
-
-        def first(**kwargs: Any) -> Any:
-            return function(*[kwargs[name] for name in names])
-
-        return first
-
-    def collected(**kwargs: Any) -> list[Any]:
-        result = function(*[kwargs[name] for name in names])
-        return [] if result is None else [result]
-
-    return collected
+def first_gateway(
+    config: Config,
+    *,
+    plugins: Iterable[tuple[object, str]],
+    load_entrypoints: bool,
+    clock: Callable[[], float],
+    sleep: Callable[[float], Awaitable[None]],
+    random: Callable[[], float],
+) -> Gateway:
+    counters: collections.Counter[str] = collections.Counter()
+    plugins = tuple(plugins)
+    generation = build_generation(
+        config,
+        keeper=Keeper(),
+        plugins=plugins,
+        load_entrypoints=load_entrypoints,
+        clock=clock,
+        sleep=sleep,
+        random=random,
+        counters=counters,
+    )
+    return Gateway(
+        current=generation,
+        clock=clock,
+        sleep=sleep,
+        random=random,
+        counters=counters,
+        plugins=plugins,
+        load_entrypoints=load_entrypoints,
+    )
 
 
 GATEWAY = web.AppKey("prism_gateway", Gateway)

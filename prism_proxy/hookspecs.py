@@ -8,8 +8,9 @@ arguments you list are passed to you.
 
 Decision hooks (``prism_authenticate``, ``prism_select_route``,
 ``prism_admit_attempt``, ``prism_classify``) are synchronous: pluggy cannot
-await, and an ``async def`` implementation would break ``firstresult``.  Do I/O in a background task
-started from ``prism_app_setup`` and read its results from memory.  Effect
+await, and an ``async def`` implementation would break ``firstresult``.  Do
+I/O in a background task your generation object starts (``prism_generation``)
+and read its results from memory.  Effect
 hooks (``prism_on_attempt``, ``prism_settle``) may return an awaitable, which
 the core awaits as their docstrings say.
 """
@@ -25,26 +26,34 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
-    from .catalog import Binding, Catalog, CatalogKeys, ModelSpec
+    from .catalog import Binding, CatalogKeys, ModelSpec
     from .commands import Commands
     from .config import Config
+    from .generation import Generation
     from .providers import ProviderFactory
+    from .wire import Translation, Wire
 
 hookspec = pluggy.HookspecMarker("prism_proxy")
 
 
 @hookspec
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    """Read and check this plugin's configuration, once, at start-up.
+def prism_generation(generation: Generation) -> None:
+    """Build this plugin's object for a new generation and register it.
 
-    Called after the configuration file and the catalog are loaded and before
-    the application is built.  ``config.section("<your-entry-point-name>")``
-    is your ``[prism:<name>]`` section: call its ``check_keys`` and typed
-    getters, which raise ``ConfigError`` naming the file, key and problem.
-    Validate the catalog keys you declared in ``prism_catalog_keys`` here too
-    (raise ``ConfigError(catalog.source, "models.x.key", "problem")``).
-    Raising stops start-up.  Keep what you parsed on your plugin object or,
-    better, on the app in ``prism_app_setup``.  Fan-out; the result is ignored.
+    Called once for every generation: at start-up, on every reload, and by
+    ``prism check``, after the catalog is loaded and the plugins' catalog
+    keys are known.  Read your section (``generation.config.section(name)``)
+    and the keys you declared on ``generation.catalog``; raise
+    ``ConfigError`` naming the file and key for any mistake.  Then build one
+    object holding everything your per-call hooks need and register it with
+    ``generation.register(obj, name)`` (its hooks are checked as at start-up:
+    a misspelt ``prism_*`` name stops the build).  The per-call hooks are
+    methods of that object; they never look state up elsewhere.
+
+    Touch no file and no network here (``prism check`` builds a generation and
+    never starts it): open what you need in a ``generation.cleanup_ctx``
+    entry, and hold what must survive a reload (stores, writers, rings)
+    through ``generation.keep(key, make)``.  Fan-out.
     """
 
 
@@ -61,6 +70,20 @@ def prism_provider_kinds() -> Mapping[str, ProviderFactory] | None:
 
 
 @hookspec
+def prism_wires() -> Iterable[Wire | Translation] | None:
+    """Add wire formats, and translations between them, to the ones the core speaks.
+
+    A provider plugin whose upstream speaks an API of its own returns its
+    ``Wire`` (stream inspection, usage, error body, done/error events,
+    degraded answer) and the ``Translation`` from each caller wire
+    (``openai``, ``anthropic``) to it; its ``Provider.wire`` names the wire.
+    The core registers OpenAI chat and Anthropic messages this way itself.
+    Called once per generation.  Fan-out; a name or pair registered twice is
+    a start-up error.
+    """
+
+
+@hookspec
 def prism_catalog_keys() -> CatalogKeys | None:
     """Declare the extra catalog keys this plugin reads on models and chain lines.
 
@@ -71,7 +94,7 @@ def prism_catalog_keys() -> CatalogKeys | None:
 
 
 @hookspec
-def prism_catalog_lines(catalog: Catalog) -> Iterable[tuple[str, Binding]] | None:
+def prism_catalog_lines(generation: Generation) -> Iterable[tuple[str, Binding]] | None:
     """Name the chain lines this plugin adds beyond the models' own chains.
 
     A routing plugin whose rules carry chain lines of their own (lines no
@@ -79,8 +102,10 @@ def prism_catalog_lines(catalog: Catalog) -> Iterable[tuple[str, Binding]] | Non
     ``("models.chat.rules[0].chain[1]", binding)``, so that plugins checking
     every line a call could be served by (prices, regions) see them at
     start-up and in ``prism check``.  Lines that are the catalog's own chain
-    lines need not be returned.  Called from ``prism_app_setup`` by the
-    plugins that check lines, after the catalog is loaded.  Fan-out.
+    lines need not be returned.  Called from ``prism_generation`` by the
+    plugins that check lines (``generation.catalog`` is loaded); return the
+    very ``Binding`` objects your route will carry (``generation.memo``
+    builds them once per generation).  Fan-out.
     """
 
 
@@ -99,31 +124,35 @@ def prism_cli(commands: Commands) -> None:
 
 @hookspec
 def prism_app_setup(app: web.Application, config: Config) -> None:
-    """Add routes, middlewares, app state and background tasks to the gateway app.
+    """Add routes (admin endpoints, pages) to the gateway app.
 
-    Called once while the app is built, before it starts.  Store state under
-    your own ``web.AppKey``; start background tasks with
-    ``app.cleanup_ctx.append(...)`` so they stop with the app.  This is where
-    I/O belongs (refreshing shared state, connecting to stores), never in a
-    decision hook.  Fan-out; the result is ignored.
+    Called once per process while the app is built, with the first
+    generation's configuration; routes are fixed for the life of the process
+    (a reload does not add or remove them).  A handler finds this plugin's
+    object for the generation serving now with
+    ``request.app[GATEWAY].current.plugin(name)``.  State and background
+    work belong to the generation (``prism_generation``), not here.
+    Fan-out; the result is ignored.
     """
 
 
 @hookspec(firstresult=True)
-def prism_authenticate(call: Call, request: web.Request) -> Principal | None:
-    """Establish who is calling.
+def prism_authenticate(call: Call) -> Principal | None:
+    """Establish who is calling (``call.request`` has the headers).
 
     Called for every call after its body is parsed and validated, before the
-    model is resolved.  Return a ``Principal`` to accept, raise
-    ``PrismError(401, ...)`` or ``PrismError(403, ...)`` to refuse, or return
-    None to let the next implementation decide.  The built-in default
+    model is resolved, and for ``GET /v1/models`` (``call.endpoint`` is
+    ``models``; such a call is never dispatched nor settled).  Return a
+    ``Principal`` to accept, raise ``PrismError(401, ...)`` or
+    ``PrismError(403, ...)`` to refuse, or return None to let the next
+    implementation decide.  The built-in default
     (``trylast``) accepts everyone as anonymous.  First result wins.  Must not
     log or echo the credential.
     """
 
 
 @hookspec
-def prism_call_start(call: Call, request: web.Request) -> None:
+def prism_call_start(call: Call) -> None:
     """Set per-call policy once the caller and model are known.
 
     Called for every authenticated call before its route is chosen.  May set

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
@@ -14,8 +14,17 @@ from . import hookspecs
 from .config import Config
 from .defaults import default_plugins
 from .errors import ConfigError
+from .providers import ProviderFactory
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginInfo", "describe_plugins", "make_plugin_manager"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginInfo",
+    "describe_plugins",
+    "disabled_owner",
+    "installed_names",
+    "make_plugin_manager",
+    "provider_kinds",
+]
 
 ENTRY_POINT_GROUP = "prism_proxy"
 
@@ -35,6 +44,17 @@ def make_plugin_manager(
     """
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
+    extra_plugins = list(extra_plugins)
+    installed = {*installed_names(load_entrypoints), *(name for _, name in extra_plugins)}
+    for name in config.disable:
+        if name not in installed:
+            # A typo (``breakr``) would leave the plugin it meant running.
+            raise ConfigError(
+                config.source,
+                "[prism] disable",
+                f"no installed plugin is named {name!r} "
+                f"(installed: {', '.join(sorted(installed)) or 'none'})",
+            )
     for name in config.disable:
         pm.set_blocked(name)
     for plugin, name in default_plugins():
@@ -64,7 +84,75 @@ def make_plugin_manager(
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         raise ConfigError(config.source, f"plugin {_name(exc)}", str(exc)) from None
+    for name in config.sections:
+        if pm.is_blocked(name):
+            raise ConfigError(
+                config.source,
+                f"[prism:{name}]",
+                f"plugin {name!r} is disabled by [prism] disable: remove the section or "
+                "the disable",
+            )
+        if pm.get_plugin(name) is None:
+            raise ConfigError(
+                config.source,
+                f"[prism:{name}]",
+                f"no installed plugin is named {name!r} "
+                f"(installed: {', '.join(sorted(installed)) or 'none'})",
+            )
     return pm
+
+
+def installed_names(load_entrypoints: bool = True) -> set[str]:
+    """The names of the installed plugins (entry points), loaded or not."""
+    if not load_entrypoints:
+        return set()
+    return {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def disabled_owner(config: Config) -> Callable[[str, str], str | None]:
+    """For error messages: which disabled plugin would have understood a catalog key or kind.
+
+    Only asked on the error path, and only then are disabled plugins imported
+    (best effort: one that fails to import is passed over).
+    """
+
+    def owner(what: str, name: str) -> str | None:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name not in config.disable:
+                continue
+            try:
+                module = ep.load()
+            except Exception:
+                continue
+            if _understands(module, what, name):
+                return (
+                    f"plugin {ep.name!r}, which [prism] disable in {config.source} turned off"
+                )
+        return None
+
+    return owner
+
+
+def _understands(module: object, what: str, name: str) -> bool:
+    if what == "kind":
+        kinds = getattr(module, "prism_provider_kinds", None)
+        return callable(kinds) and name in (kinds() or {})
+    keys = getattr(module, "prism_catalog_keys", None)
+    declared = keys() if callable(keys) else None
+    return declared is not None and name in getattr(declared, what, frozenset())
+
+
+def provider_kinds(config: Config, pm: pluggy.PluginManager) -> dict[str, ProviderFactory]:
+    """Every provider kind the plugins register; two claiming one kind is an error."""
+    kinds: dict[str, ProviderFactory] = {}
+    for answer in pm.hook.prism_provider_kinds():
+        for kind, factory in (answer or {}).items():
+            if kind in kinds:
+                raise ConfigError(
+                    config.source, "plugins", f"two plugins register provider kind {kind!r}"
+                )
+            kinds[kind] = factory
+    return kinds
 
 
 def _name(exc: pluggy.PluginValidationError) -> str:

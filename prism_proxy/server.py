@@ -6,8 +6,11 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import attrs
@@ -15,9 +18,20 @@ from aiohttp import web
 
 from .config import Config
 from .connections import ConnectionGuard, GuardedSite, default_limit
-from .gateway import GATEWAY
+from .errors import ConfigError
+from .gateway import GATEWAY, Gateway
 
-__all__ = ["Listening", "listen", "listen_options", "run", "serve"]
+__all__ = [
+    "LISTEN_SOCKETS",
+    "CannotListen",
+    "Listening",
+    "bind",
+    "close_sockets",
+    "listen",
+    "listen_options",
+    "run",
+    "serve",
+]
 
 log = logging.getLogger("prism")
 
@@ -25,6 +39,84 @@ log = logging.getLogger("prism")
 #: is 700).  A call allocates a few hundred short-lived objects; at the default,
 #: the collector ran every ~20 streamed calls, and each run cost ~150 µs.
 GC_YOUNG_THRESHOLD = 10_000
+#: Connections the kernel queues before the server accepts them.
+BACKLOG = 1024
+#: As asyncio's and aiohttp's own listeners: rebind at once after a restart (POSIX only;
+#: on Linux it never lets two listeners share a port).
+REUSE_ADDRESS = os.name == "posix" and sys.platform != "cygwin"
+
+
+class CannotListen(OSError):
+    """``host:port`` cannot be bound: in use, not an address of this machine, not permitted.
+
+    ``str()`` is the whole sentence, e.g.
+    ``cannot listen on 127.0.0.1:8400: address already in use``.
+    """
+
+    def __init__(self, host: str, port: int, reason: str, errno: int | None = None) -> None:
+        super().__init__(f"cannot listen on {_host_port(host, port)}: {reason}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+        self.errno = errno
+
+    @classmethod
+    def from_error(cls, host: str, port: int, exc: OSError) -> CannotListen:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return cls(host, port, reason[:1].lower() + reason[1:], exc.errno)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+#: Sockets bound before the app was built (``prism serve`` binds first, so a busy
+#: port stops it before any plugin's set-up); :func:`listen` serves on them.
+LISTEN_SOCKETS = web.AppKey("prism_listen_sockets", list[socket.socket])
+
+
+def bind(host: str, port: int, *, backlog: int = BACKLOG) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` resolves to (0 picks a free port).
+
+    Raises :class:`CannotListen` (and leaves nothing open) when one cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:  # socket.gaierror: a host name that does not resolve
+        raise CannotListen.from_error(host, port, exc) from None
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, type_, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, type_, proto)
+            sockets.append(sock)
+            if REUSE_ADDRESS:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                # As asyncio does: "::" is IPv6 only; "0.0.0.0" is a listen line of its own.
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                # One free port for every address of the host, not one each.
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError as exc:
+        close_sockets(sockets)
+        raise CannotListen.from_error(host, port, exc) from None
+    except BaseException:
+        close_sockets(sockets)
+        raise
+    return sockets
+
+
+def close_sockets(sockets: Iterable[socket.socket]) -> None:
+    """Close what :func:`bind` opened (closing a socket a server already closed is harmless)."""
+    for sock in sockets:
+        sock.close()
 
 
 @attrs.define(eq=False)
@@ -57,7 +149,10 @@ async def listen(
 ) -> Listening:
     """Start ``app`` on ``host:port`` (0 picks a free port).
 
-    Handler cancellation is on: a caller that disconnects cancels its
+    The port is bound before the app's start-up contexts run: a busy port
+    raises :class:`CannotListen` before any plugin started anything.  An app
+    carrying :data:`LISTEN_SOCKETS` is served on those sockets instead (and
+    ``host`` only names it).  Handler cancellation is on: a caller that disconnects cancels its
     handler, which closes the upstream connection at once.  On stop, the
     listener closes first, in-flight calls get ``grace_s`` to finish, then
     the rest are cancelled (and settle as aborted).  Connections are
@@ -66,6 +161,9 @@ async def listen(
     ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 90%
     of the open-file soft limit) new connections are refused at once.
     """
+    sockets = app.get(LISTEN_SOCKETS)
+    if sockets is None:
+        sockets = bind(host, port)
     if max_connections is None:
         max_connections, soft = default_limit()
         log.info(
@@ -79,12 +177,18 @@ async def listen(
         # setup() runs the app's start-up contexts; a failing one must not
         # leave the ones before it (pools, background tasks) running.
         await runner.setup()
-        site = GuardedSite(
-            runner, host, port, guard=guard, keepalive_timeout_s=keepalive_timeout_s
-        )
-        await site.start()
+        for sock in sockets:
+            site = GuardedSite(
+                runner,
+                sock,
+                guard=guard,
+                keepalive_timeout_s=keepalive_timeout_s,
+                backlog=BACKLOG,
+            )
+            await site.start()
     except BaseException:
         await runner.cleanup()
+        close_sockets(sockets)
         raise
     bound_port = runner.addresses[0][1]
     return Listening(runner, host, bound_port)
@@ -106,7 +210,12 @@ async def serve(
     *,
     started: Callable[[Listening], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then drain for ``shutdown_grace_s``."""
+    """Serve until SIGTERM or SIGINT, then drain for ``shutdown_grace_s``; SIGHUP reloads.
+
+    A reload builds the next generation from the configuration file beside
+    the running one and swaps it in (see :meth:`Gateway.reload`); a
+    configuration that does not load is refused and the running one serves on.
+    """
     counters = app[GATEWAY].counters if GATEWAY in app else None
     listening = await listen(
         app, config.listen.host, config.listen.port, counters=counters, **listen_options(config)
@@ -119,14 +228,30 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    reloads: set[asyncio.Task[None]] = set()
+    if GATEWAY in app:
+        gateway = app[GATEWAY]
+
+        def hangup() -> None:
+            task = loop.create_task(_reload(gateway))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
     try:
         await stop.wait()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     log.info("draining: in-flight calls have %.0f s to finish", config.shutdown_grace_s)
     await listening.stop()
     log.info("stopped")
+
+
+async def _reload(gateway: Gateway) -> None:
+    # The gateway logs and counts a refusal; the running generation serves on.
+    with contextlib.suppress(ConfigError):
+        await gateway.reload()
 
 
 def _settle_heap() -> None:

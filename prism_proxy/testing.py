@@ -8,6 +8,7 @@ provider plugin is tested exactly the way the core's are:
   every gateway the test starts afterwards;
 - ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
   starts the real app on a loopback port and returns a :class:`GatewayUnderTest`;
+  ``load_plugins=[...]`` loads only the installed plugins named;
 - :func:`free_port` and :func:`serve_process`: ``prism serve`` as a real
   process, for what only a process shows (signals, a crash, a restart).
 """
@@ -15,6 +16,7 @@ provider plugin is tested exactly the way the core's are:
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import random as random_module
 import socket
@@ -38,7 +40,14 @@ if TYPE_CHECKING:
     import openai
     from prism_fake_upstream import FakeUpstream
 
-__all__ = ["GatewayUnderTest", "PluginRegistry", "StartGateway", "free_port", "serve_process"]
+__all__ = [
+    "GatewayUnderTest",
+    "PluginRegistry",
+    "StartGateway",
+    "free_port",
+    "installed_plugins",
+    "serve_process",
+]
 
 
 @attrs.define(eq=False)
@@ -99,7 +108,13 @@ class StartGateway(Protocol):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
+        load_plugins: Iterable[str] | None = None,
     ) -> Awaitable[GatewayUnderTest]: ...
+
+
+def installed_plugins() -> list[str]:
+    """The names of the installed plugins (the ``prism_proxy`` entry points)."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group="prism_proxy")})
 
 
 def free_port() -> int:
@@ -178,9 +193,17 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
+        load_plugins: Iterable[str] | None = None,
     ) -> GatewayUnderTest:
+        core = dict(config or {})
+        if load_plugins is not None:
+            # Every installed plugin not named is disabled, before it is imported.
+            wanted = set(load_plugins)
+            core["disable"] = sorted(
+                {*installed_plugins()} - wanted | set(core.get("disable") or ())
+            )
         cfg = config_from_mapping(
-            dict(config or {}),
+            core,
             sections,
             source="<test config>",
             base_dir=base_dir,

@@ -166,7 +166,7 @@ class Crashing:
     """A plugin with a bug in an effect hook and one in a decision hook."""
 
     @hookimpl
-    def prism_call_start(self, call, request):
+    def prism_call_start(self, call):
         if call.model_name == "crash":
             raise RuntimeError("plugin bug")
 

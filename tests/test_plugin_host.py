@@ -23,8 +23,9 @@ def test_installed_provider_plugin_is_loaded_through_its_entry_point():
     app = create_app(config())
     from prism_proxy import GATEWAY
 
-    assert app[GATEWAY].pm.has_plugin("openai")
-    assert type(app[GATEWAY].providers["alpha"]).__name__ == "OpenAIProvider"
+    generation = app[GATEWAY].current
+    assert generation.pm.has_plugin("openai")
+    assert type(generation.providers["alpha"]).__name__ == "OpenAIProvider"
 
 
 def test_disable_blocks_a_plugin_before_it_loads():
@@ -72,13 +73,13 @@ def test_prism_plugins_lists_where_each_plugin_came_from(tmp_path):
     line = next(line for line in result.stdout.splitlines() if line.startswith("openai "))
     assert "prism-openai" in line
     assert "prism_openai" in line and "plugin.py" in line
-    assert any(line.startswith("prism.default-classify ") for line in result.stdout.splitlines())
+    assert any(line.startswith("prism.defaults ") for line in result.stdout.splitlines())
 
 
 def test_hot_path_hooks_behave_as_pluggy_would_whether_called_directly_or_not():
     import pluggy
 
-    from prism_proxy.gateway import direct_caller
+    from prism_proxy.hotpath import direct_caller
 
     spec = pluggy.HookspecMarker("demo")
     impl = pluggy.HookimplMarker("demo")

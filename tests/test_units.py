@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import types
 
 import pytest
 
@@ -73,7 +74,14 @@ def test_quota_alone_is_not_a_permanent_marker():
 
 
 def _call() -> Call:
-    return Call(request_id="req_x", endpoint=Endpoint.CHAT, received_at=0.0)
+    # Unit tests of a classifier or the record need no request, and of a generation its number.
+    return Call(
+        request_id="req_x",
+        endpoint=Endpoint.CHAT,
+        received_at=0.0,
+        request=None,
+        generation=types.SimpleNamespace(number=1),
+    )
 
 
 def _classify(result: UpstreamResult) -> tuple[Outcome, str | None]:

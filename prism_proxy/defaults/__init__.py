@@ -6,14 +6,14 @@ by answering first.
 
 from __future__ import annotations
 
-from . import auth, route
-from .classify import DefaultClassify
+from . import auth, classify, route, wires
 
 
 def default_plugins() -> list[tuple[object, str]]:
-    """Fresh instances for one plugin manager (no state shared between apps)."""
+    """The core's own plugins; ``classify`` registers each generation's classifier."""
     return [
         (auth, "prism.default-auth"),
         (route, "prism.default-route"),
-        (DefaultClassify(), "prism.default-classify"),
+        (classify, "prism.defaults"),
+        (wires, "prism.default-wires"),
     ]

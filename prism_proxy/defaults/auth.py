@@ -5,12 +5,10 @@ Start-up warns loudly when no other plugin implements ``prism_authenticate``.
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from ..call import ANONYMOUS, Call, Principal
 from ..hookimpl import hookimpl
 
 
 @hookimpl(trylast=True)
-def prism_authenticate(call: Call, request: web.Request) -> Principal:
+def prism_authenticate(call: Call) -> Principal:
     return ANONYMOUS

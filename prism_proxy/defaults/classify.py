@@ -7,26 +7,30 @@ Provider plugins with another error model override it with ``tryfirst``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..call import Attempt, Call, Outcome, UpstreamResult, Verdict
 from ..classification import find_permanent_marker, marker_code, parse_retry_after
-from ..config import Config
 from ..hookimpl import hookimpl
+
+if TYPE_CHECKING:
+    from ..generation import Generation
 
 _TRANSIENT_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504, 529})
 _REQUEST_ERROR_STATUSES = frozenset({400, 413, 415, 422})
 
 
+@hookimpl
+def prism_generation(generation: Generation) -> None:
+    markers = generation.config.permanent_markers
+    generation.register(DefaultClassify(markers), "prism.default-classify")
+
+
 class DefaultClassify:
-    """Holds the operator's extra permanent markers (``[prism] permanent_markers``)."""
+    """The default classifier of one generation, with its extra permanent markers."""
 
-    def __init__(self) -> None:
-        self.extra_markers: tuple[str, ...] = ()
-
-    @hookimpl
-    def prism_configure(self, config: Config) -> None:
-        self.extra_markers = config.permanent_markers
+    def __init__(self, extra_markers: tuple[str, ...] = ()) -> None:
+        self.extra_markers = extra_markers
 
     @hookimpl(trylast=True)
     def prism_classify(self, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:

@@ -350,3 +350,11 @@ def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
     return Usage(
         input_tokens=-(-chars // 4), output_tokens=-(-delivered_chars // 4), estimated=True
     )
+
+
+def degraded_body(suffix: str, model: str, text: str) -> dict[str, Any]:
+    return message_body("msg_" + suffix, model, text)
+
+
+def degraded_events(suffix: str, model: str, text: str) -> bytes:
+    return message_events("msg_" + suffix, model, text)

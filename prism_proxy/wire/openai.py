@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -443,3 +444,11 @@ def completion_events(completion_id: str, model: str, text: str, created: int) -
         {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
     return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + DONE_EVENT
+
+
+def degraded_body(suffix: str, model: str, text: str) -> dict[str, Any]:
+    return completion_body("chatcmpl-" + suffix, model, text, int(time.time()))
+
+
+def degraded_events(suffix: str, model: str, text: str) -> bytes:
+    return completion_events("chatcmpl-" + suffix, model, text, int(time.time()))

@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from prism_proxy import (
-    GATEWAY,
     PARAM_RULE_KEYS,
     Attempt,
     Call,
-    Catalog,
     CatalogKeys,
-    Config,
+    Generation,
     ProviderFactory,
     UpstreamResult,
     Verdict,
@@ -21,6 +19,8 @@ from prism_proxy import (
 
 from .classify import classify_anthropic
 from .provider import AnthropicProvider
+
+PLUGIN_NAME = "anthropic"
 
 
 @hookimpl
@@ -34,15 +34,23 @@ def prism_catalog_keys() -> CatalogKeys:
 
 
 @hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    check_param_rules(catalog, "anthropic")
+def prism_generation(generation: Generation) -> None:
+    check_param_rules(generation.catalog, "anthropic")
+    generation.register(
+        AnthropicErrors(generation.config.permanent_markers), f"{PLUGIN_NAME}.errors"
+    )
 
 
-@hookimpl(tryfirst=True)
-def prism_classify(call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict | None:
-    if result.wire != "anthropic":
-        return None
-    markers: tuple[str, ...] = ()
-    if call.request is not None:
-        markers = call.request.app[GATEWAY].config.permanent_markers
-    return classify_anthropic(result, markers)
+class AnthropicErrors:
+    """Anthropic's error model, with one generation's extra permanent markers."""
+
+    def __init__(self, markers: tuple[str, ...]) -> None:
+        self.markers = markers
+
+    @hookimpl(tryfirst=True)
+    def prism_classify(
+        self, call: Call, attempt: Attempt, result: UpstreamResult
+    ) -> Verdict | None:
+        if result.wire != "anthropic":
+            return None
+        return classify_anthropic(result, self.markers)

@@ -1,12 +1,11 @@
 """prism-billing: a durable ledger that bills exactly the catalog line that served."""
 
-from .billing import BILLING, COST_HEADER, Billing
+from .billing import COST_HEADER, Billing, billing_of
 from .ledger import LedgerWriter
 from .prices import Price, PriceBook, format_nanos, parse_price
 from .rows import LedgerRow
 
 __all__ = [
-    "BILLING",
     "COST_HEADER",
     "Billing",
     "LedgerRow",
@@ -14,5 +13,6 @@ __all__ = [
     "Price",
     "PriceBook",
     "format_nanos",
+    "billing_of",
     "parse_price",
 ]

@@ -1,50 +1,70 @@
-"""Billing for one gateway app: its settings, price book and ledger writer."""
+"""Billing for one generation: its settings, price book and the kept ledger writer."""
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import attrs
-from aiohttp import web
 
-from prism_proxy import Call, ConfigError, Settlement
+from prism_proxy import Call, ConfigError, Generation, Settlement, hookimpl
 
 from .ledger import LedgerWriter
 from .prices import PriceBook, format_nanos
 from .rows import LedgerRow, build_row
 from .settings import PLUGIN_NAME, BillingSettings
 
-__all__ = ["BILLING", "COST_HEADER", "Billing"]
+__all__ = ["COST_HEADER", "PLUGIN_OBJECT", "Billing", "LedgerLifecycle", "billing_of"]
 
 COST_HEADER = "x-prism-cost"
+#: The name each generation's Billing is registered under.
+PLUGIN_OBJECT = "billing.ledger"
 
 
 @attrs.define(eq=False)
-class Billing:
-    settings: BillingSettings
-    prices: PriceBook
-    writer: LedgerWriter
-    #: Wall-clock seconds for row timestamps and days; tests inject their own.
-    now: Callable[[], float] = time.time
+class LedgerLifecycle:
+    """The ledger writer as a kept object: opened before the first call, closed last."""
 
-    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: open the ledger before the first call, flush and close it last."""
+    writer: LedgerWriter
+    source: str
+
+    async def lifecycle(self) -> AsyncIterator[None]:
         try:
             await self.writer.start()
         except (sqlite3.Error, OSError) as exc:
             await self.writer.close()
             raise ConfigError(
-                self.settings.source,
+                self.source,
                 f"[prism:{PLUGIN_NAME}] ledger_path",
                 f"cannot open the ledger {self.writer.path}: {exc}",
             ) from None
         yield
         await self.writer.close()
 
-    def row_for(self, call: Call, settlement: Settlement, *, duration_ms: int) -> LedgerRow:
-        return build_row(call, settlement, self.prices, now=self.now(), duration_ms=duration_ms)
+
+@attrs.define(eq=False)
+class Billing:
+    """One generation's billing: its settings and prices, and the kept ledger writer."""
+
+    settings: BillingSettings
+    prices: PriceBook
+    writer: LedgerWriter
+    #: Monotonic seconds, for a call's duration (the generation's clock).
+    clock: Callable[[], float] = time.monotonic
+    #: Wall-clock seconds for row timestamps and days; tests inject their own.
+    now: Callable[[], float] = time.time
+
+    @hookimpl
+    def prism_settle(self, call: Call, settlement: Settlement) -> Awaitable[None] | None:
+        if call.model is None:
+            # Refused before a model was resolved (bad input, unknown model, auth):
+            # nothing could have served, and the model name is unchecked caller input.
+            call.response_headers[COST_HEADER] = "0"
+            return None
+        duration_ms = round((self.clock() - call.received_at) * 1000)
+        row = build_row(call, settlement, self.prices, now=self.now(), duration_ms=duration_ms)
+        return self.commit(call, row)
 
     async def commit(self, call: Call, row: LedgerRow) -> None:
         """Make the row durable, then tell the caller the amount.
@@ -56,5 +76,7 @@ class Billing:
         call.response_headers[COST_HEADER] = format_nanos(row.cost_nanos)
 
 
-#: Set on the app only when billing is on.
-BILLING = web.AppKey("prism_billing", Billing)
+def billing_of(generation: Generation) -> Billing | None:
+    """The billing of ``generation``, or None when billing is off."""
+    found = generation.plugin(PLUGIN_OBJECT)
+    return found if isinstance(found, Billing) else None

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -29,12 +30,13 @@ def _day(value: str) -> str:
 
 
 def add_ledger_command(commands: Commands) -> None:
-    parser = commands.add(
-        "ledger", "read the billing ledger: `prism ledger export --since YYYY-MM-DD`", run_ledger
-    )
+    parser = commands.add("ledger", "read the billing ledger: `prism ledger export`", run_ledger)
     parser.add_argument("action", choices=["export"], help="what to do with the ledger")
     parser.add_argument(
-        "--since", required=True, type=_day, metavar="YYYY-MM-DD", help="first UTC day (inclusive)"
+        "--since",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="first UTC day (inclusive; default: the ledger's first row)",
     )
     parser.add_argument(
         "--until", type=_day, metavar="YYYY-MM-DD", help="UTC day to stop before (exclusive)"
@@ -72,8 +74,18 @@ def run_ledger(args: argparse.Namespace, config: Config) -> int:
     try:
         with _output(args.output) as out:
             count = _write(out, args.format, export_rows(conn, filters))
+            out.flush()  # a closed pipe shows here, not at exit
     except sqlite3.DatabaseError as exc:
         print(f"prism ledger export: cannot read {settings.ledger_path}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader left (`prism ledger export | head -1`): stop quietly.  As Python's
+        # docs advise, stdout now goes to devnull, so the flush at exit cannot fail again.
+        if args.output is None:
+            with contextlib.suppress(OSError):  # a stdout without a file descriptor
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
         return 1
     finally:
         conn.close()
@@ -97,10 +109,15 @@ def _write(out: IO[str], fmt: str, rows: Iterator[dict[str, object]]) -> int:
         writer = csv.DictWriter(out, fieldnames=EXPORT_FIELDS, lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow(row)
+            # Flags as JSON and SQL spell them, not Python's True/False.
+            writer.writerow({k: _csv_flag(v) if isinstance(v, bool) else v for k, v in row.items()})
             count += 1
     else:
         for row in rows:
             out.write(json.dumps(row, separators=(",", ":")) + "\n")
             count += 1
     return count
+
+
+def _csv_flag(value: bool) -> str:
+    return "true" if value else "false"

@@ -9,9 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_proxy import PrismError, admin_handler
+from prism_proxy import GATEWAY, PrismError, admin_handler
 
-from .billing import BILLING
+from .billing import billing_of
 from .ledger import open_for_reading
 from .queries import DIMENSIONS, TRAFFIC_KINDS, Filters, parse_day, totals
 
@@ -83,7 +83,7 @@ def _read(
 
 @admin_handler
 async def usage_handler(request: web.Request) -> web.StreamResponse:
-    billing = request.app.get(BILLING)
+    billing = billing_of(request.app[GATEWAY].current)
     if billing is None or billing.settings.ledger_path is None:
         raise PrismError(
             404, "billing_off", "billing is off: set [prism:billing] ledger_path to enable it"

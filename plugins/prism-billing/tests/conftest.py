@@ -71,16 +71,16 @@ class KeyAuth:
     """A stand-in auth plugin: ``x-test-key: <key>@<org>`` names the caller."""
 
     @hookimpl
-    def prism_authenticate(self, call: Any, request: Any) -> Principal | None:
-        value = request.headers.get("x-test-key")
+    def prism_authenticate(self, call: Any) -> Principal | None:
+        value = call.request.headers.get("x-test-key")
         if not value:
             return None
         key, _, org = value.partition("@")
         return Principal(key_id=key, org=org or None)
 
     @hookimpl
-    def prism_call_start(self, call: Any, request: Any) -> None:
-        traffic = request.headers.get("x-test-traffic")
+    def prism_call_start(self, call: Any) -> None:
+        traffic = call.request.headers.get("x-test-traffic")
         if traffic:
             call.traffic = traffic
 

@@ -10,10 +10,11 @@ from decimal import Decimal
 from typing import Any
 
 import aiohttp
+import attrs
 import openai
 import orjson
-import prism_billing.plugin as billing_plugin
 import pytest
+from prism_billing import billing_of
 from prism_fake_upstream import Fault
 
 from prism_proxy import hookimpl
@@ -275,9 +276,10 @@ async def test_settling_twice_leaves_one_row(prism_fake, billing_gateway, ledger
     ((call, settlement),) = captured.seen
     first = ledger.row(call.request_id)
     # The same settlement again, and a contradicting one: neither adds or changes a row.
-    await billing_plugin.prism_settle(call=call, settlement=settlement)
-    aborted = type(settlement)("aborted", 499, settlement.served, None, "client_closed")
-    await billing_plugin.prism_settle(call=call, settlement=aborted)
+    billing = billing_of(gw.gateway.current)
+    await billing.prism_settle(call=call, settlement=settlement)
+    aborted = attrs.evolve(settlement, outcome="aborted", status=499, error_code="client_closed")
+    await billing.prism_settle(call=call, settlement=aborted)
     assert ledger.rows() == [first]
     assert Decimal(raw.headers["x-prism-cost"]) == Ledger.cost(first)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prism_billing import BILLING
+from prism_billing import billing_of
 
 from prism_proxy.cli import main
 
@@ -26,7 +26,9 @@ def at(text: str) -> float:
 
 async def call_at(gw: Any, when: str, key: str, traffic: str | None = None) -> str:
     """One call whose row is stamped ``when`` (UTC), made as ``key`` (``id@org``)."""
-    gw.app[BILLING].now = lambda: at(when)
+    billing = billing_of(gw.gateway.current)
+    assert billing is not None
+    billing.now = lambda: at(when)
     headers = {"x-test-key": key, **({"x-test-traffic": traffic} if traffic else {})}
     async with aiohttp.ClientSession() as session:
         async with session.post(

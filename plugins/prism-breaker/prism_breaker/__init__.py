@@ -2,18 +2,19 @@
 
 from .machine import Admission, Machine, Observation, Snapshot, State, Transition
 from .overrides import Override, OverrideError
-from .runtime import BREAKER, HEADER, Breaker
+from .plugin import BreakerHooks, breaker_of
+from .runtime import HEADER, Breaker
 from .settings import Settings
 from .sqlite_store import SqliteStore
 from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
 
 __all__ = [
-    "BREAKER",
     "HEADER",
     "Admission",
     "AuditEntry",
     "BindingRecord",
     "Breaker",
+    "BreakerHooks",
     "BreakerStore",
     "Machine",
     "Observation",
@@ -25,4 +26,5 @@ __all__ = [
     "State",
     "StoredTransition",
     "Transition",
+    "breaker_of",
 ]

@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace, config: Config) -> int:
             file=sys.stderr,
         )
         return 2
-    catalog = create_app(config)[GATEWAY].catalog
+    catalog = create_app(config)[GATEWAY].current.catalog
     action: Action = _ACTIONS[args.breaker_action]
     store = SqliteStore(settings.state_path)
 

@@ -14,14 +14,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prism_proxy import PrismError, admin_handler, require_admin
+from prism_proxy import GATEWAY, PrismError, admin_handler, require_admin
 
 from .overrides import Override, OverrideError
-from .runtime import BREAKER
+from .runtime import Breaker
 
-__all__ = ["add_routes"]
+__all__ = ["RUNTIME_NAME", "add_routes"]
 
 MAX_AUDIT = 1000
+#: The name each generation's breaker hooks are registered under.
+RUNTIME_NAME = "breaker.runtime"
 
 
 def add_routes(app: web.Application) -> None:
@@ -30,6 +32,15 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/prism/breaker/overrides", create_override)
     app.router.add_post("/prism/breaker/overrides/{id}/release", release_override)
     app.router.add_get("/prism/breaker/audit", audit)
+
+
+def _breaker(request: web.Request) -> Breaker:
+    """The breaker of the generation serving now."""
+    hooks = request.app[GATEWAY].current.plugin(RUNTIME_NAME)
+    if hooks is None:
+        raise PrismError(404, "breaker_off", "the breaker plugin is not active")
+    breaker: Breaker = hooks.breaker
+    return breaker
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -42,12 +53,12 @@ async def health(request: web.Request) -> web.Response:
         admin = True
     except PrismError:
         admin = False
-    return _json(request.app[BREAKER].health(with_text=admin))
+    return _json(_breaker(request).health(with_text=admin))
 
 
 @admin_handler
 async def list_overrides(request: web.Request) -> web.Response:
-    breaker = request.app[BREAKER]
+    breaker = _breaker(request)
     wall_now = breaker.wall.now()
     active = sorted(breaker.overrides.active.values(), key=lambda o: o.created_at)
     return _json(
@@ -60,7 +71,7 @@ async def list_overrides(request: web.Request) -> web.Response:
 
 @admin_handler
 async def create_override(request: web.Request) -> web.Response:
-    breaker = request.app[BREAKER]
+    breaker = _breaker(request)
     body = await _body(request)
     try:
         override = Override.build(
@@ -83,7 +94,7 @@ async def create_override(request: web.Request) -> web.Response:
 
 @admin_handler
 async def release_override(request: web.Request) -> web.Response:
-    breaker = request.app[BREAKER]
+    breaker = _breaker(request)
     body = await _body(request)
     override_id = request.match_info["id"]
     try:
@@ -103,7 +114,7 @@ async def release_override(request: web.Request) -> web.Response:
 
 @admin_handler
 async def audit(request: web.Request) -> web.Response:
-    breaker = request.app[BREAKER]
+    breaker = _breaker(request)
     await breaker.flush()  # what the caller just caused is in the answer
     raw_limit = request.query.get("limit", "100")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_AUDIT:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 
 from aiohttp import web
 
 from prism_proxy import (
-    GATEWAY,
     Attempt,
     Binding,
     Call,
     Catalog,
     Commands,
     Config,
-    ConfigError,
+    Generation,
     ModelSpec,
     Route,
     Settlement,
@@ -22,29 +21,35 @@ from prism_proxy import (
 )
 
 from .cli import add_commands
-from .endpoints import add_routes
-from .runtime import BREAKER, Breaker
+from .endpoints import RUNTIME_NAME, add_routes
+from .runtime import Breaker
 from .settings import Settings
-from .sqlite_store import SqliteStore, StoreError
+from .sqlite_store import SqliteStore
 
 
 @hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    Settings.from_config(config, catalog)  # fail start-up on a bad [prism:breaker]
+def prism_generation(generation: Generation) -> None:
+    settings = Settings.from_config(generation.config, generation.catalog)
+    catalog = generation.catalog
+    # One breaker per state store, kept across reloads: health and overrides
+    # survive; each generation hands it its own settings and catalog.
+    breaker = generation.keep(
+        ("breaker", settings.state_path),
+        lambda: Breaker(
+            settings,
+            catalog,
+            generation.clock,
+            SqliteStore(settings.state_path),
+            generation.counters,
+        ),
+    )
+    hooks = BreakerHooks(breaker, settings, catalog, generation.number)
+    generation.cleanup_ctx.append(hooks.serving)
+    generation.register(hooks, RUNTIME_NAME)
 
 
 @hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
-    gw = app[GATEWAY]
-    settings = Settings.from_config(config, gw.catalog)
-    store = SqliteStore(settings.state_path)
-    try:
-        store.check()
-    except StoreError as exc:
-        raise ConfigError(config.source, "[prism:breaker] state_path", str(exc)) from None
-    breaker = Breaker(settings, gw.catalog, gw.clock, store, gw.counters)
-    app[BREAKER] = breaker
-    app.cleanup_ctx.append(breaker.lifecycle)
     add_routes(app)
 
 
@@ -53,46 +58,50 @@ def prism_cli(commands: Commands) -> None:
     add_commands(commands)
 
 
-def _breaker(call: Call) -> Breaker | None:
-    # State is per app; a call reaches its app through its request.
-    if call.request is None:
-        return None
-    return call.request.app.get(BREAKER)
+def breaker_of(generation: Generation) -> Breaker | None:
+    """The breaker ``generation`` routes with (None: the plugin is not active)."""
+    hooks = generation.plugin(RUNTIME_NAME)
+    return hooks.breaker if isinstance(hooks, BreakerHooks) else None
 
 
-@hookimpl(wrapper=True)
-def prism_select_route(call: Call, model: ModelSpec) -> Generator[None, Route | None, Route | None]:
-    route = yield
-    breaker = _breaker(call)
-    if route is not None and breaker is not None:
-        breaker.select(call, route)
-    return route
+class BreakerHooks:
+    """One generation's view of the kept breaker: its settings, its catalog, the hooks."""
 
+    def __init__(
+        self, breaker: Breaker, settings: Settings, catalog: Catalog, generation: int
+    ) -> None:
+        self.breaker = breaker
+        self.settings = settings
+        self.catalog = catalog
+        self.generation = generation
 
-@hookimpl
-def prism_admit_attempt(call: Call, binding: Binding) -> str | None:
-    breaker = _breaker(call)
-    if breaker is None:
-        return None
-    return breaker.admit_attempt(call, binding)
+    async def serving(self) -> AsyncIterator[None]:
+        """From the moment this generation starts, the breaker judges by its catalog."""
+        self.breaker.adopt(self.settings, self.catalog, self.generation)
+        yield
 
+    @hookimpl(wrapper=True)
+    def prism_select_route(
+        self, call: Call, model: ModelSpec
+    ) -> Generator[None, Route | None, Route | None]:
+        route = yield
+        if route is not None:
+            self.breaker.select(call, route)
+        return route
 
-@hookimpl
-def prism_attempt_start(call: Call, attempt: Attempt) -> None:
-    breaker = _breaker(call)
-    if breaker is not None:
-        breaker.attempt_start(call, attempt)
+    @hookimpl
+    def prism_admit_attempt(self, call: Call, binding: Binding) -> str | None:
+        return self.breaker.admit_attempt(call, binding)
 
+    @hookimpl
+    def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
+        self.breaker.attempt_start(call, attempt)
 
-@hookimpl
-def prism_on_attempt(call: Call, attempt: Attempt) -> None:
-    breaker = _breaker(call)
-    if breaker is not None:
-        breaker.on_attempt(call, attempt)
+    @hookimpl
+    def prism_on_attempt(self, call: Call, attempt: Attempt) -> None:
+        evidence = self.breaker.is_evidence(self.catalog, attempt.binding)
+        self.breaker.on_attempt(call, attempt, evidence=evidence)
 
-
-@hookimpl
-def prism_settle(call: Call, settlement: Settlement) -> None:
-    breaker = _breaker(call)
-    if breaker is not None:
-        breaker.settle(call, settlement)
+    @hookimpl
+    def prism_settle(self, call: Call, settlement: Settlement) -> None:
+        self.breaker.settle(call, settlement)

@@ -1,9 +1,11 @@
 """One gateway's breaker: the machine, the overrides, the store writer, and the hook logic.
 
-Lives on the app under :data:`BREAKER` (never in a module global), so every
-app -- every test gateway -- has its own state.  The hooks only touch
-memory; transitions queue in the machine's outbox and a background task
-writes them, and re-reads overrides other writers made, off the hot path.
+Kept across generations (one per state store), so a reload keeps every
+binding's health; each generation's :class:`~prism_breaker.plugin.BreakerHooks`
+hands it that generation's settings and catalog when the generation starts.
+The hooks only touch memory; transitions queue in the machine's outbox and
+a background task writes them, and re-reads overrides other writers made,
+off the hot path.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
-from aiohttp import web
 
 from prism_proxy import (
     Attempt,
     Binding,
     Call,
     Catalog,
+    ConfigError,
     Outcome,
     Route,
     Settlement,
@@ -33,9 +35,10 @@ from prism_proxy import (
 from .machine import Machine, Observation, Snapshot, State, Transition
 from .overrides import Override, OverrideBook, check_target, iso
 from .settings import Settings
+from .sqlite_store import StoreError
 from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
 
-__all__ = ["BREAKER", "HEADER", "Breaker", "WallClock"]
+__all__ = ["HEADER", "Breaker", "WallClock"]
 
 log = logging.getLogger("prism.breaker")
 
@@ -123,16 +126,51 @@ class Breaker:
         self._warned_overdue: set[str] = set()
         #: Someone else wrote overrides that are not read yet.
         self._overrides_stale = False
-        self._used_by: dict[str, list[str]] = collections.defaultdict(list)
+        self._used_by: dict[str, list[str]] = {}
+        #: The generation whose catalog the breaker judges by, and its lines' fingerprints.
+        self.generation = 0
+        self.fingerprints: dict[str, str] = {}
+        self.adopt(settings, catalog, 0)
+
+    def adopt(self, settings: Settings, catalog: Catalog, generation: int) -> None:
+        """Judge by a new generation's settings and catalog; health and overrides stay."""
+        self.settings = settings
+        self.machine.settings = settings
+        self.catalog = catalog
+        self.generation = generation
+        self.fingerprints = {
+            binding_id: catalog.fingerprint(binding)
+            for binding_id, binding in catalog.bindings.items()
+        }
+        used_by: dict[str, list[str]] = collections.defaultdict(list)
         for model in catalog.models.values():
             for binding in model.chain:
-                self._used_by[binding.id].append(model.name)
+                used_by[binding.id].append(model.name)
+        self._used_by = dict(used_by)
+        now = self.clock()
+        for binding_id in catalog.bindings:
+            self.machine.get(binding_id, now)
+
+    def is_evidence(self, catalog: Catalog, binding: Binding) -> bool:
+        """Whether an attempt made under ``catalog`` tells about ``binding`` as it is now.
+
+        A completion from an older generation whose line changed since
+        (another URL, model or credential) is about a binding that is gone.
+        """
+        if catalog is self.catalog:
+            return True
+        return self.fingerprints.get(binding.id) == catalog.fingerprint(binding)
 
     # -- lifecycle -------------------------------------------------------------
 
-    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: load state before serving, write it until (and while) stopping."""
-        await self.store.open()
+    async def lifecycle(self) -> AsyncIterator[None]:
+        """Load state before serving, write it until (and while) the last generation stops."""
+        try:
+            await self.store.open()
+        except StoreError as exc:
+            raise ConfigError(
+                self.settings.source, "[prism:breaker] state_path", str(exc)
+            ) from None
         try:
             self.load(await self.store.load_bindings(), await self.store.active_overrides())
             self._stopping = False
@@ -356,7 +394,7 @@ class Breaker:
         if self.machine.outbox:
             self._wake.set()
 
-    def on_attempt(self, call: Call, attempt: Attempt) -> None:
+    def on_attempt(self, call: Call, attempt: Attempt, *, evidence: bool = True) -> None:
         tag = attempt.extensions.get("breaker")
         if not isinstance(tag, AttemptTag) or attempt.verdict is None:
             return
@@ -364,6 +402,9 @@ class Breaker:
         if attempt.verdict.outcome not in (Outcome.OK, Outcome.EMPTY):
             # Failed attempts end here; a serving one stays in flight until settle.
             self._end_attempt(key, tag)
+        if not evidence:
+            self.counters["breaker_stale_evidence"] += 1
+            return
         self.machine.observe(
             key, self._observation(call, attempt, attempt.verdict, tag), self.clock()
         )
@@ -585,5 +626,3 @@ def _subject(override: Override) -> str:
         return override.target
     return f"{override.scope}:{override.target}"
 
-
-BREAKER = web.AppKey("prism_breaker", Breaker)

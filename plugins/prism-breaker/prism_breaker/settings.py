@@ -68,6 +68,8 @@ class Settings:
     state_path: str = MEMORY
     refresh_s: float = 2.0
     review_default_s: float = 7 * 86400.0
+    #: The configuration file the settings came from (for errors met later).
+    source: str = "<config>"
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None) -> Settings:
@@ -115,6 +117,7 @@ class Settings:
             state_path=_state_path(config, section),
             refresh_s=section.get_float("refresh_s", 2.0, min=0.01, max=3600.0),
             review_default_s=section.get_float("review_default_s", 7 * 86400.0, min=60.0),
+            source=config.source,
         )
 
 

@@ -200,14 +200,14 @@ class FailingWrites:
 async def test_a_failing_store_never_stops_routing_and_catches_up(
     prism_fake, prism_gateway, kit, tmp_path, caplog
 ):
-    from prism_breaker import BREAKER
+    from prism_breaker import breaker_of
 
     prism_fake.script("x", [Fault(status=500)] * 3)
     gw = await prism_gateway(
         catalog(prism_fake),
         sections={"breaker": {"state_path": str(tmp_path / "s.sqlite"), "refresh_s": 0.05}},
     )
-    breaker = gw.app[BREAKER]
+    breaker = breaker_of(gw.gateway.current)
     flaky = FailingWrites(breaker.store, failures=1_000_000)
     breaker.store = flaky
     assert (await kit.chat(gw, model="mx")).provider == "ok"

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from prism_breaker import BREAKER, Observation
+from prism_breaker import Observation, breaker_of
 
 from prism_proxy import Outcome
 from prism_proxy.cli import main as prism_main
@@ -87,7 +87,7 @@ async def test_overrides_and_state_still_refresh_when_the_process_is_out_of_file
         # The periodic refresh stays out of the way: the test refreshes when it means to.
         sections={"breaker": {"state_path": str(tmp_path / "breaker.sqlite"), "refresh_s": 300}},
     )
-    breaker = gw.app[BREAKER]
+    breaker = breaker_of(gw.gateway.current)
     await breaker.refresh()
     quarantine = await cli(capsys, ini, "quarantine", "--binding", "a/up-a", "--reason", "leak")
     cap = await cli(
@@ -144,7 +144,7 @@ async def test_a_change_a_failed_refresh_missed_is_picked_up_by_the_next(
         kit.catalog("a", "b"),
         sections={"breaker": {"state_path": str(tmp_path / "breaker.sqlite"), "refresh_s": 300}},
     )
-    breaker = gw.app[BREAKER]
+    breaker = breaker_of(gw.gateway.current)
     await breaker.refresh()
     breaker.store = FailingReads(breaker.store, failures=1)
     quarantine = await cli(capsys, ini, "quarantine", "--binding", "a/up-a", "--reason", "leak")

@@ -1,9 +1,9 @@
 """Authentication and scope checks, registered only when ``[prism:keys] db_path`` is set.
 
-These hooks live on their own object, registered from ``prism_app_setup``
-rather than on the entry-point module: the core warns at start-up that the
-gateway is open to anyone when no plugin implements ``prism_authenticate``,
-and an installed-but-unconfigured prism-keys must not silence that warning.
+These hooks live on the generation's object, registered only when keys are
+configured: the core warns at start-up that the gateway is open to anyone
+when no plugin implements ``prism_authenticate``, and an
+installed-but-unconfigured prism-keys must not silence that warning.
 """
 
 from __future__ import annotations
@@ -11,16 +11,12 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping
 
-import orjson
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-
-from prism_proxy import Call, Principal, PrismError, hookimpl
+from prism_proxy import Call, Endpoint, Principal, PrismError, hookimpl
 
 from .keyring import KeyRing
 from .scopes import Grants
 
-__all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "models_guard", "presented_key"]
+__all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "presented_key"]
 
 AUTH_PLUGIN_NAME = "keys.auth"
 EXTENSION = "keys"
@@ -52,13 +48,14 @@ class KeysAuth:
         self.counters = counters
 
     @hookimpl
-    def prism_authenticate(self, call: Call, request: web.Request) -> Principal:
-        active = self.ring.verify(presented_key(request.headers))
+    def prism_authenticate(self, call: Call) -> Principal:
+        active = self.ring.verify(presented_key(call.request.headers))
         if active is None:
             self.counters["keys_rejected"] += 1
             raise PrismError(401, INVALID_CODE, INVALID_MESSAGE)
         endpoint = str(call.endpoint)
-        if not active.grants.allows_endpoint(endpoint):
+        # The model list is part of the API: any valid key may read it.
+        if call.endpoint is not Endpoint.MODELS and not active.grants.allows_endpoint(endpoint):
             self.counters["keys_scope_denied"] += 1
             raise PrismError(
                 403,
@@ -71,7 +68,7 @@ class KeysAuth:
 
     # tryfirst: refuse on scope before other plugins spend effort on the call.
     @hookimpl(tryfirst=True)
-    def prism_call_start(self, call: Call, request: web.Request) -> None:
+    def prism_call_start(self, call: Call) -> None:
         grants = call.extensions.get(EXTENSION)
         if not isinstance(grants, Grants) or call.model is None:
             return  # another authentication plugin answered for this call
@@ -85,28 +82,3 @@ class KeysAuth:
                 f"'model:{model}' or a pattern covering it)",
                 param="model",
             )
-
-
-def models_guard(ring: KeyRing) -> Middleware:
-    """A middleware: the model list is part of the API, so it needs a valid key too."""
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path
-        if (path == "/v1/models" or path.startswith("/v1/models/")) and ring.verify(
-            presented_key(request.headers)
-        ) is None:
-            body = {
-                "error": {
-                    "message": INVALID_MESSAGE,
-                    "type": "authentication_error",
-                    "param": None,
-                    "code": INVALID_CODE,
-                }
-            }
-            return web.Response(
-                status=401, body=orjson.dumps(body), content_type="application/json"
-            )
-        return await handler(request)
-
-    return guard

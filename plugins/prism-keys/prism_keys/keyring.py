@@ -16,7 +16,6 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import attrs
-from aiohttp import web
 
 from prism_proxy import Principal
 
@@ -124,9 +123,9 @@ class KeyRing:
             raise RuntimeError("the key refresh task is not running")
         await self._refreshed.wait()
 
-    async def run(self, app: web.Application) -> AsyncIterator[None]:
-        """``cleanup_ctx``: open the database and load before serving (a failure stops
-        start-up), then poll on that one connection until shutdown closes it."""
+    async def lifecycle(self) -> AsyncIterator[None]:
+        """Open the database and load before serving (a failure stops start-up), then
+        poll on that one connection until the last generation using the ring stops."""
         await asyncio.to_thread(self.store.open)
         try:
             await self.refresh()

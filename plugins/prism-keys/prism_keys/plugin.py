@@ -4,41 +4,32 @@ from __future__ import annotations
 
 import logging
 
-from aiohttp import web
+from prism_proxy import Commands, Generation, hookimpl
 
-from prism_proxy import GATEWAY, Catalog, Commands, Config, hookimpl
-
-from .auth import AUTH_PLUGIN_NAME, KeysAuth, models_guard
+from .auth import AUTH_PLUGIN_NAME, KeysAuth
 from .cli import add_commands
 from .keyring import KeyRing
 from .settings import KeysSettings
 from .store import KeyStore
 
-__all__ = ["KEYRING"]
-
-KEYRING = web.AppKey("prism_keys_ring", KeyRing)
+__all__ = ["AUTH_PLUGIN_NAME", "ring_of"]
 
 log = logging.getLogger("prism.keys")
 
 
 @hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    KeysSettings.from_config(config)
-
-
-@hookimpl
-def prism_app_setup(app: web.Application, config: Config) -> None:
-    settings = KeysSettings.from_config(config)
+def prism_generation(generation: Generation) -> None:
+    settings = KeysSettings.from_config(generation.config)
     if settings is None:
         # Not configured: implement no authentication at all, so the core's
         # "open to anyone" start-up warning stays true and loud.
         return
-    ring = KeyRing(KeyStore(settings.db_path), settings.refresh_s)
-    app[KEYRING] = ring
-    app.cleanup_ctx.append(ring.run)
-    app.middlewares.append(models_guard(ring))
-    gateway = app[GATEWAY]
-    gateway.pm.register(KeysAuth(ring, gateway.counters), AUTH_PLUGIN_NAME)
+    # One ring per key database: a reload keeps the keys it loaded and its poll.
+    ring = generation.keep(
+        ("keys", settings.db_path, settings.refresh_s),
+        lambda: KeyRing(KeyStore(settings.db_path), settings.refresh_s),
+    )
+    generation.register(KeysAuth(ring, generation.counters), AUTH_PLUGIN_NAME)
     log.info(
         "keys: API keys required, from %s (re-read every %g s)",
         settings.db_path,
@@ -49,3 +40,9 @@ def prism_app_setup(app: web.Application, config: Config) -> None:
 @hookimpl
 def prism_cli(commands: Commands) -> None:
     add_commands(commands)
+
+
+def ring_of(generation: Generation) -> KeyRing | None:
+    """The key ring ``generation`` authenticates with (None: keys are not configured)."""
+    auth = generation.plugin(AUTH_PLUGIN_NAME)
+    return auth.ring if isinstance(auth, KeysAuth) else None

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import openai
 import pytest
-from prism_keys import KEYRING, hash_key
+from prism_keys import hash_key, ring_of
 
 from prism_proxy import Call, Principal, hookimpl
 from prism_proxy.cli import main
@@ -99,7 +99,7 @@ async def test_key_lifecycle_create_use_revoke(
     key_id = key.split("-")[2]
     status, out = keys_cli(ini, capsys, "revoke", key_id)
     assert status == 0 and "revoked" in out
-    ring = gw.app[KEYRING]
+    ring = ring_of(gw.gateway.current)
     await ring.next_refresh()
     await ring.next_refresh()  # the first may have started before the revocation
     refusals.append(await chat_with(gw, {"Authorization": f"Bearer {key}"}))
@@ -178,7 +178,7 @@ async def test_org_tags_reach_the_principal(
     assert principal.key_id == key.split("-")[2]
 
     keys_cli(ini, capsys, "org-tags", "acme", "--set", "us")
-    ring = gw.app[KEYRING]
+    ring = ring_of(gw.gateway.current)
     await ring.next_refresh()
     await ring.next_refresh()
     await gw.openai(api_key=key).chat.completions.create(model="chat-a", messages=MESSAGES)
@@ -259,7 +259,7 @@ async def test_a_revocation_takes_effect_when_the_process_is_out_of_file_handles
     kept = create_key(ini, capsys, "acme", "chat,model:*")
     # Polled only when the test says so (refresh_now), never behind its back.
     gw = await start(prism_gateway, prism_fake, tmp_path, refresh_s=300)
-    ring = gw.app[KEYRING]
+    ring = ring_of(gw.gateway.current)
     assert ring.verify(revoked) is not None
 
     # `prism keys revoke` runs in a process of its own, with file handles to spare.
@@ -283,7 +283,7 @@ async def test_a_failed_refresh_keeps_the_last_keys_and_the_next_one_recovers(
 ):
     key = create_key(ini, capsys, "acme", "chat,model:*")
     gw = await start(prism_gateway, prism_fake, tmp_path)
-    ring = gw.app[KEYRING]
+    ring = ring_of(gw.gateway.current)
     loaded = ring.snapshot.revision
 
     # A row the gateway cannot read, written by something other than `prism keys`.
@@ -313,7 +313,7 @@ async def test_a_key_file_put_in_place_of_the_old_one_is_read(
 ):
     old = create_key(ini, capsys, "acme", "chat,model:*")
     gw = await start(prism_gateway, prism_fake, tmp_path, refresh_s=300)
-    ring = gw.app[KEYRING]
+    ring = ring_of(gw.gateway.current)
 
     # A database made elsewhere (a restored backup, say), at the same revision.
     elsewhere = tmp_path / "elsewhere"

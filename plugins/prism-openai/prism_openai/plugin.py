@@ -6,9 +6,8 @@ from collections.abc import Mapping
 
 from prism_proxy import (
     PARAM_RULE_KEYS,
-    Catalog,
     CatalogKeys,
-    Config,
+    Generation,
     ProviderFactory,
     check_param_rules,
     hookimpl,
@@ -28,5 +27,6 @@ def prism_catalog_keys() -> CatalogKeys:
 
 
 @hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    check_param_rules(catalog, "openai")
+def prism_generation(generation: Generation) -> None:
+    # Nothing per call: the provider objects are the core's; only the lines are checked.
+    check_param_rules(generation.catalog, "openai")

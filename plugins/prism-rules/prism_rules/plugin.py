@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-from aiohttp import web
-
-from prism_proxy import (
-    GATEWAY,
-    Binding,
-    Call,
-    Catalog,
-    CatalogKeys,
-    Config,
-    ModelSpec,
-    Route,
-    hookimpl,
-)
+from prism_proxy import Binding, Call, CatalogKeys, Generation, ModelSpec, Route, hookimpl
 
 from .metadata import BODY_FIELD, HEADER, read_metadata
 from .rules import CATALOG_KEY, RuleBook, compile_catalog
 
-__all__ = ["RULEBOOK"]
+__all__ = ["PLUGIN_NAME", "RoutingRules"]
 
-RULEBOOK = web.AppKey("prism_rules_book", RuleBook)
+PLUGIN_NAME = "rules"
 
 
 @hookimpl
@@ -29,36 +17,34 @@ def prism_catalog_keys() -> CatalogKeys:
     return CatalogKeys(model=frozenset({CATALOG_KEY}))
 
 
-@hookimpl
-def prism_configure(config: Config, catalog: Catalog) -> None:
-    config.section("rules").check_keys(())  # nothing to set; typos still stop start-up
-    compile_catalog(catalog)
+def _book(generation: Generation) -> RuleBook:
+    catalog = generation.catalog
+    return generation.memo(PLUGIN_NAME, lambda: compile_catalog(catalog, catalog.line_keys))
 
 
 @hookimpl
-def prism_app_setup(app: web.Application, config: Config) -> None:
-    catalog = app[GATEWAY].catalog
-    app[RULEBOOK] = compile_catalog(catalog, catalog.line_keys)
+def prism_generation(generation: Generation) -> None:
+    generation.config.section(PLUGIN_NAME).check_keys(())  # nothing to set; typos still stop
+    generation.register(RoutingRules(_book(generation)), f"{PLUGIN_NAME}.book")
 
 
 @hookimpl
-def prism_catalog_lines(catalog: Catalog) -> list[tuple[str, Binding]]:
-    return compile_catalog(catalog, catalog.line_keys).own_lines(catalog)
+def prism_catalog_lines(generation: Generation) -> list[tuple[str, Binding]]:
+    return _book(generation).own_lines(generation.catalog)
 
 
-@hookimpl
-def prism_call_start(call: Call, request: web.Request) -> None:
-    call.metadata = read_metadata(request.headers.getall(HEADER, []), call.body.get(BODY_FIELD))
+class RoutingRules:
+    """One generation's compiled rules and the hooks that apply them."""
 
+    def __init__(self, book: RuleBook) -> None:
+        self.book = book
 
-@hookimpl
-def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
-    if call.request is not None:
-        return call.request.app[RULEBOOK].route(call, model)
-    if CATALOG_KEY not in model.options:
-        return None
-    # A call made without a request (none exist in the core today) cannot reach the
-    # compiled rules; refusing is safer than letting a pinned region leak.
-    route = Route(bindings=(), name="rules-unavailable", cross_tier=False)
-    route.notes.append("rules: no request to evaluate them with")
-    return route
+    @hookimpl
+    def prism_call_start(self, call: Call) -> None:
+        call.metadata = read_metadata(
+            call.request.headers.getall(HEADER, []), call.body.get(BODY_FIELD)
+        )
+
+    @hookimpl
+    def prism_select_route(self, call: Call, model: ModelSpec) -> Route | None:
+        return self.book.route(call, model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from prism_rules import RULEBOOK, ConditionError, Context, compile_when
+from prism_rules import ConditionError, Context, compile_when
 
 from prism_proxy import GATEWAY, CatalogKeys, ConfigError, config_from_mapping, create_app, hookimpl
 
@@ -103,10 +103,10 @@ def test_rule_chain_lines_reuse_catalog_lines_and_take_only_declared_keys():
         config_from_mapping({}, catalog_data=data, source="prism.ini"),
         plugins=[(RegionKey(), "test-region-key")],
     )
-    rule = app[RULEBOOK].by_model["chat-a"][0]
+    rule = app[GATEWAY].current.plugin("rules.book").book.by_model["chat-a"][0]
     assert rule.chain[0].options == {"region": "eu-west"}
     # The very line object of the catalog: prices and breakers keyed on it agree.
-    assert rule.chain[1] is app[GATEWAY].catalog.models["chat-a"].chain[0]
+    assert rule.chain[1] is app[GATEWAY].current.catalog.models["chat-a"].chain[0]
 
     lines[0] = {"provider": "eu", "model": "gpt-eu", "regoin": "eu-west"}
     with pytest.raises(ConfigError, match=r"rules\[0\] \(r\): chain\[0\]\.regoin: unknown key"):

@@ -17,7 +17,8 @@ class HeaderAuth:
     """A stand-in auth plugin: the caller's org, tags and scopes come from test headers."""
 
     @hookimpl
-    def prism_authenticate(self, request):
+    def prism_authenticate(self, call):
+        request = call.request
         org = request.headers.get("x-test-org")
         if org is None:
             return None

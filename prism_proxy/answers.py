@@ -1,0 +1,198 @@
+"""What a call answers, and the one place it is settled.
+
+Every path of a call (served, passed through, refused, degraded, aborted)
+ends by setting ``call.settlement`` and handing back an :class:`Answer` that
+is not yet finished.  :func:`settle` then runs ``prism_settle`` once, and
+only after that does the answer finish: a body leaves, a stream gets its
+final event.  So the ledger row exists before the caller has the whole
+answer, and an answer that could not be recorded is withheld.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+
+import attrs
+import orjson
+from aiohttp import web
+
+from .call import Call
+from .errors import PrismError
+from .generation import Generation
+from .record import prism_headers
+from .stream import UpstreamStream
+from .wire import OPENAI, Wire, wire_for
+
+__all__ = [
+    "Answer",
+    "BodyAnswer",
+    "ErrorAnswer",
+    "StreamAnswer",
+    "error_response",
+    "settle",
+    "unrecorded",
+]
+
+log = logging.getLogger("prism")
+call_log = logging.getLogger("prism.calls")
+
+STREAM_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+def error_response(
+    err: PrismError, *, wire: Wire = OPENAI, headers: dict[str, str] | None = None
+) -> web.Response:
+    """An error as JSON in ``wire``'s shape.
+
+    The one way Prism, its admin routes and plugins answer an error.
+    """
+    response = web.Response(
+        status=err.status,
+        body=wire.error_body(err),
+        content_type="application/json",
+        headers=headers,
+    )
+    if err.status == 408:
+        response.force_close()  # the rest of a stalled body is not worth waiting for
+    return response
+
+
+def unrecorded(call: Call) -> PrismError:
+    """The answer could not be accounted for (a ledger commit failed): it is withheld."""
+    return PrismError(
+        503,
+        "settlement_failed",
+        "Prism could not record this call, so it withheld the answer; retry "
+        f"(request {call.request_id})",
+        type="api_error",
+        extra={"request_id": call.request_id},
+    )
+
+
+class Answer(abc.ABC):
+    """An answer decided but not finished: it leaves once the call is settled."""
+
+    @abc.abstractmethod
+    async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
+        """Send what is left; ``recorded`` false means the settlement failed."""
+
+
+@attrs.define(eq=False)
+class ErrorAnswer(Answer):
+    error: PrismError
+
+    async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
+        wire = wire_for(call.endpoint)
+        return error_response(self.error, wire=wire, headers=prism_headers(call))
+
+
+@attrs.define(eq=False)
+class BodyAnswer(Answer):
+    """A whole body: served, passed through, or the operator's degraded answer."""
+
+    body: bytes
+    status: int = 200
+    content_type: str = "application/json"
+    #: Whether it may leave although the call could not be recorded (nothing billable).
+    unbilled: bool = False
+
+    async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
+        if not recorded and not self.unbilled:
+            return await ErrorAnswer(unrecorded(call)).finish(call, recorded)
+        headers = prism_headers(call)
+        headers["Content-Type"] = self.content_type
+        return web.Response(body=self.body, status=self.status, headers=headers)
+
+
+@attrs.define(eq=False)
+class StreamAnswer(Answer):
+    """A stream whose events have gone out, all but its final one."""
+
+    response: web.StreamResponse
+    #: Headers as they left at the commit point; later ones go out as SSE comments.
+    sent: dict[str, str]
+    tail: bytes
+    #: The final event, when it is not the wire's own end (a broken stream's error event).
+    final: bytes | None = None
+    upstream: UpstreamStream | None = None
+    #: Whether it may end normally although the call could not be recorded (nothing billable).
+    unbilled: bool = False
+
+    async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
+        wire = wire_for(call.endpoint)
+        final = self.final
+        if final is None:
+            ended = recorded or self.unbilled
+            final = wire.done_event if ended else wire.error_event(unrecorded(call))
+        await self.response.write_eof(self.tail + _late_headers(call, self.sent) + final)
+        if self.upstream is not None:
+            await self.upstream.finish()
+        return self.response
+
+
+def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
+    """Headers set after a stream's headers left (e.g. a cost from settle), as SSE comments.
+
+    SSE clients ignore comment lines, so the answer's format is unchanged;
+    a caller that wants them reads ``: x-prism-cost: 0.00042`` before the end.
+    """
+    late = [
+        f": {name}: {value}\n\n"
+        for name, value in call.response_headers.items()
+        if sent.get(name) != value
+    ]
+    return "".join(late).encode("latin-1", "replace")
+
+
+def stream_response(call: Call) -> tuple[web.StreamResponse, dict[str, str]]:
+    """A stream's response with the x-prism headers known at its commit point."""
+    headers = prism_headers(call)
+    headers.update(STREAM_HEADERS)
+    return web.StreamResponse(status=200, headers=headers), dict(call.response_headers)
+
+
+def json_body(value: object) -> bytes:
+    return orjson.dumps(value)
+
+
+async def settle(generation: Generation, call: Call) -> bool:
+    """Run ``prism_settle`` for ``call.settlement`` and write the call's access log line.
+
+    Called once per call, by the endpoint, on every path.  Returns False
+    when an implementation failed (its awaitable raised): the answer is then
+    withheld where it could be billed.
+    """
+    settlement = call.settlement
+    assert settlement is not None, "every path sets call.settlement"
+    recorded = True
+    settle_hook = generation.hooks.settle
+    if settle_hook is not None:
+        try:
+            pending = [p for p in settle_hook(call=call, settlement=settlement) if p]
+            if pending:
+                # Shielded: a client leaving must not cut a ledger commit in half.
+                await asyncio.shield(asyncio.gather(*pending))
+        except Exception:
+            log.exception("prism_settle failed for %s", call.request_id)
+            recorded = False
+    if call_log.isEnabledFor(logging.INFO):
+        served = settlement.served
+        call_log.info(
+            "%s %s model=%r served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
+            call.request_id,
+            call.endpoint,
+            call.model_name or "-",
+            served.binding.id if served else "-",
+            settlement.status,
+            settlement.outcome,
+            settlement.error_code or "-",
+            len(call.attempts),
+            (generation.clock() - call.received_at) * 1000,
+        )
+    return recorded

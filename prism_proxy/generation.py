@@ -1,0 +1,273 @@
+"""A generation: everything built from one loaded configuration.
+
+Configuration, catalog, the plugins' objects, provider pools and the typed
+hooks: :func:`build_generation` makes them together, and nothing else in the
+process changes when the configuration does.  A reload builds the next
+generation beside the running one and swaps it in; calls finish on the
+generation they started on, and a generation stops once it is retired and
+its last call is done.
+
+What must outlive a configuration (a breaker's state, the ledger writer,
+the key ring) is *kept*: :meth:`Generation.keep` hands a new generation the
+object a previous one made under the same key, and the :class:`Keeper`
+opens it once and closes it after its last generation stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import random as random_module
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import attrs
+import pluggy
+
+from .catalog import Catalog, load_catalog
+from .config import Config
+from .errors import ConfigError
+from .hotpath import TRACE_ENV, Hooks, trace_hooks
+from .plugins import disabled_owner, make_plugin_manager, provider_kinds
+from .providers import Provider
+from .wire import Wires, default_wires
+
+__all__ = ["Generation", "Keeper", "Lifecycle", "build_generation"]
+
+log = logging.getLogger("prism")
+
+T = TypeVar("T")
+
+
+class Lifecycle(Protocol):
+    """An object with an async ``lifecycle()``: open, yield while in use, then close."""
+
+    def lifecycle(self) -> AsyncIterator[None]: ...
+
+
+L = TypeVar("L", bound=Lifecycle)
+
+
+@attrs.define(eq=False)
+class _Kept:
+    resource: Lifecycle
+    users: set[int]
+    running: AsyncIterator[None] | None = None
+
+
+@attrs.define(eq=False)
+class Keeper:
+    """Objects shared by every generation that asks for the same key, opened once."""
+
+    _held: dict[Hashable, _Kept] = attrs.field(factory=dict)
+
+    def take(self, key: Hashable, make: Callable[[], L], user: int) -> L:
+        kept = self._held.get(key)
+        if kept is None:
+            kept = self._held[key] = _Kept(make(), set())
+        kept.users.add(user)
+        resource: L = kept.resource  # type: ignore[assignment]
+        return resource
+
+    def abandon(self, user: int) -> None:
+        """Forget ``user``, a generation that was never started (its build failed)."""
+        for key, kept in list(self._held.items()):
+            kept.users.discard(user)
+            if not kept.users and kept.running is None:
+                del self._held[key]
+
+    async def open(self, user: int) -> None:
+        for kept in list(self._held.values()):
+            if user in kept.users and kept.running is None:
+                running = kept.resource.lifecycle()
+                await anext(running)
+                kept.running = running
+
+    async def release(self, user: int) -> None:
+        """Close what ``user`` alone still held, last taken first."""
+        for key, kept in reversed(list(self._held.items())):
+            if user not in kept.users:
+                continue
+            kept.users.discard(user)
+            if kept.users:
+                continue
+            del self._held[key]
+            if kept.running is not None:
+                with contextlib.suppress(StopAsyncIteration):
+                    await anext(kept.running)
+                    log.error("%r: lifecycle did not stop after one yield", kept.resource)
+
+
+@attrs.define(eq=False)
+class Generation:
+    """Everything built from one configuration.
+
+    Plugins build their objects for it in ``prism_generation`` and
+    :meth:`register` them; the per-call hooks are methods of those objects.
+    ``clock``, ``sleep`` and ``random`` are the process's (tests inject
+    their own); ``counters`` outlive generations.
+    """
+
+    number: int
+    config: Config
+    catalog: Catalog
+    pm: pluggy.PluginManager
+    keeper: Keeper
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    random: Callable[[], float] = random_module.random
+    counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    providers: dict[str, Provider] = attrs.field(factory=dict)
+    #: The wire formats and translations the plugins registered (``prism_wires``).
+    wires: Wires = attrs.field(factory=lambda: Wires.of(default_wires()))
+    #: Per-generation tasks and resources: like aiohttp's ``cleanup_ctx``, each
+    #: runs to its ``yield`` when the generation starts and on when it stops.
+    cleanup_ctx: list[Callable[[], AsyncIterator[None]]] = attrs.field(factory=list)
+    #: Calls started on this generation and not yet settled.
+    in_flight: int = 0
+    #: A newer generation serves new calls; this one stops when ``in_flight`` is 0.
+    retired: bool = False
+    #: Names of the objects plugins registered for this generation.
+    objects: list[str] = attrs.field(factory=list)
+    _hooks: Hooks | None = None
+    _memos: dict[str, Any] = attrs.field(factory=dict)
+    _running: list[AsyncIterator[None]] = attrs.field(factory=list)
+    _stopped: asyncio.Event | None = None
+
+    @property
+    def hooks(self) -> Hooks:
+        if self._hooks is None:
+            self._hooks = Hooks.of(self.pm, trace=bool(os.environ.get(TRACE_ENV)))
+        return self._hooks
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a plugin's object for this generation, checked as at start-up.
+
+        An unknown ``prism_*`` hook name on it (``prism_setle``) stops the
+        build with a configuration error naming the plugin.
+        """
+        self.pm.register(plugin, name)
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.pm.unregister(plugin)
+            raise ConfigError(self.config.source, f"plugin {name}", str(exc)) from None
+        self.objects.append(name)
+        self._hooks = None
+
+    def loaded(self) -> list[str]:
+        """The plugins loaded for this configuration (not their per-generation objects)."""
+        return sorted(
+            name
+            for name, plugin in self.pm.list_name_plugin()
+            if plugin is not None and name not in self.objects
+        )
+
+    def plugin(self, name: str) -> Any:
+        """The object registered under ``name`` in this generation, or None."""
+        return self.pm.get_plugin(name)
+
+    def keep(self, key: Hashable, make: Callable[[], L]) -> L:
+        """The object a previous generation kept under ``key``, else ``make()``.
+
+        Kept objects are opened (their ``lifecycle()`` run to its yield)
+        when the first generation holding them starts, and closed when the
+        last one stops.  Put into the key whatever makes an object unfit to
+        share: the file it writes, not the thresholds it applies.
+        """
+        return self.keeper.take(key, make, self.number)
+
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        """``make()`` once per generation: a value several of one plugin's hooks share."""
+        if key not in self._memos:
+            self._memos[key] = make()
+        value: T = self._memos[key]
+        return value
+
+    async def start(self) -> None:
+        """Open kept objects, provider pools and per-generation tasks; undo all on failure."""
+        try:
+            await self.keeper.open(self.number)
+            await asyncio.gather(*(provider.start() for provider in self.providers.values()))
+            for context in self.cleanup_ctx:
+                running = context()
+                await anext(running)
+                self._running.append(running)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop per-generation tasks, close provider pools, release kept objects."""
+        if self._stopped is not None:
+            await self._stopped.wait()
+            return
+        self._stopped = asyncio.Event()
+        try:
+            while self._running:
+                running = self._running.pop()
+                with contextlib.suppress(StopAsyncIteration):
+                    await anext(running)
+            await asyncio.gather(*(provider.close() for provider in self.providers.values()))
+            await self.keeper.release(self.number)
+        finally:
+            self._stopped.set()
+
+
+def build_generation(
+    config: Config,
+    *,
+    number: int = 1,
+    keeper: Keeper | None = None,
+    plugins: Iterable[tuple[object, str]] = (),
+    load_entrypoints: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    random: Callable[[], float] = random_module.random,
+    counters: collections.Counter[str] | None = None,
+) -> Generation:
+    """Build (not start) the generation ``config`` describes; raises ``ConfigError``.
+
+    Nothing here touches a file or the network: ``prism check`` builds a
+    generation and never starts it.
+    """
+    pm = make_plugin_manager(config, extra_plugins=plugins, load_entrypoints=load_entrypoints)
+    kinds = provider_kinds(config, pm)
+    catalog = load_catalog(
+        config.catalog_path,
+        data=config.catalog_data,
+        kinds=kinds,
+        extra_keys=[keys for keys in pm.hook.prism_catalog_keys() if keys is not None],
+        disabled_owner=disabled_owner(config),
+    )
+    try:
+        wires = Wires.of(item for answer in pm.hook.prism_wires() for item in answer or ())
+    except ValueError as exc:
+        raise ConfigError(config.source, "plugins", str(exc)) from None
+    generation = Generation(
+        number=number,
+        wires=wires,
+        config=config,
+        catalog=catalog,
+        pm=pm,
+        keeper=keeper if keeper is not None else Keeper(),
+        clock=clock,
+        sleep=sleep,
+        random=random,
+        counters=counters if counters is not None else collections.Counter(),
+    )
+    try:
+        pm.hook.prism_generation(generation=generation)
+    except BaseException:
+        generation.keeper.abandon(number)
+        raise
+    generation.providers = {
+        name: kinds[spec.kind](spec) for name, spec in catalog.providers.items()
+    }
+    if os.environ.get(TRACE_ENV):
+        trace_hooks(pm)
+    return generation

@@ -1,0 +1,138 @@
+"""The per-call hooks as the hot path calls them: typed, and direct where pluggy adds nothing.
+
+pluggy's general machinery (argument checks, wrappers, result lists) costs
+more than a typical implementation.  A hook nobody implements is None, so
+the hot path skips it; a hook with exactly one plain implementation calls
+that implementation itself, with the same results and exceptions; anything
+else goes through pluggy.  ``PRISM_TRACE_HOOKS=1`` sends every call through
+pluggy with its call monitoring on, and logs each call (``prism.hooks``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import pluggy
+
+if TYPE_CHECKING:
+    from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
+    from .catalog import Binding, ModelSpec
+
+__all__ = ["TRACE_ENV", "Hooks", "direct_caller", "trace_hooks"]
+
+TRACE_ENV = "PRISM_TRACE_HOOKS"
+trace_log = logging.getLogger("prism.hooks")
+
+
+class Authenticate(Protocol):
+    def __call__(self, *, call: Call) -> Principal | None: ...
+
+
+class CallStart(Protocol):
+    def __call__(self, *, call: Call) -> list[None]: ...
+
+
+class SelectRoute(Protocol):
+    def __call__(self, *, call: Call, model: ModelSpec) -> Route | None: ...
+
+
+class AdmitAttempt(Protocol):
+    def __call__(self, *, call: Call, binding: Binding) -> str | None: ...
+
+
+class AttemptStart(Protocol):
+    def __call__(self, *, call: Call, attempt: Attempt) -> list[None]: ...
+
+
+class Classify(Protocol):
+    def __call__(self, *, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict: ...
+
+
+class OnAttempt(Protocol):
+    def __call__(self, *, call: Call, attempt: Attempt) -> list[Awaitable[None] | None]: ...
+
+
+class Settle(Protocol):
+    def __call__(
+        self, *, call: Call, settlement: Settlement
+    ) -> list[Awaitable[None] | None]: ...
+
+
+@attrs.frozen
+class Hooks:
+    """The hooks a call meets, with their real signatures; None where nobody implements one.
+
+    ``classify`` is never None: the core's own default always answers.
+    """
+
+    authenticate: Authenticate | None
+    call_start: CallStart | None
+    select_route: SelectRoute | None
+    admit_attempt: AdmitAttempt | None
+    attempt_start: AttemptStart | None
+    classify: Classify
+    on_attempt: OnAttempt | None
+    settle: Settle | None
+
+    @classmethod
+    def of(cls, pm: pluggy.PluginManager, *, trace: bool = False) -> Hooks:
+        caller = _traced if trace else direct_caller
+        hooks: dict[str, Any] = {
+            field.name: caller(getattr(pm.hook, f"prism_{field.name}"))
+            for field in attrs.fields(cls)
+        }
+        return cls(**hooks)
+
+
+def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
+    """How the hot path calls a hook: None when nobody implements it; the one
+    implementation itself when there is exactly one and it wraps nothing;
+    else pluggy's caller.  pluggy's call tracing does not see direct calls.
+    """
+    impls = caller.get_hookimpls()
+    if not impls:
+        return None
+    if len(impls) > 1 or impls[0].hookwrapper or impls[0].wrapper:
+        return caller
+    function, names = impls[0].function, tuple(impls[0].argnames)
+    if caller.spec is not None and caller.spec.opts.get("firstresult"):
+
+        def first(**kwargs: Any) -> Any:
+            return function(*[kwargs[name] for name in names])
+
+        return first
+
+    def collected(**kwargs: Any) -> list[Any]:
+        result = function(*[kwargs[name] for name in names])
+        return [] if result is None else [result]
+
+    return collected
+
+
+def _traced(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
+    return caller if caller.get_hookimpls() else None
+
+
+def trace_hooks(pm: pluggy.PluginManager) -> None:
+    """Log every hook call, its implementations and its outcome (``PRISM_TRACE_HOOKS=1``)."""
+
+    def before(
+        name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]
+    ) -> None:
+        trace_log.info("%s -> %s", name, ", ".join(impl.plugin_name for impl in impls))
+
+    def after(
+        outcome: pluggy.Result[Any],
+        name: str,
+        impls: Sequence[pluggy.HookImpl],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        if outcome.exception is not None:
+            trace_log.info("%s raised %s", name, type(outcome.exception).__name__)
+        else:
+            trace_log.info("%s returned %s", name, type(outcome.get_result()).__name__)
+
+    pm.add_hookcall_monitoring(before, after)
