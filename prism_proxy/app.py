@@ -14,7 +14,7 @@ from aiohttp import web
 from .config import Config, load_config
 from .connections import SERVER
 from .endpoints import add_routes, add_unmatched_route
-from .gateway import GATEWAY, Gateway, first_gateway
+from .gateway import GATEWAY, Gateway
 
 __all__ = ["create_app"]
 
@@ -44,9 +44,9 @@ def create_app(
     """
     if not isinstance(config, Config):
         config = load_config(config)
-    gateway = first_gateway(
+    gateway = Gateway.for_config(
         config,
-        plugins=plugins,
+        plugins=tuple(plugins),
         load_entrypoints=load_entrypoints,
         clock=clock,
         sleep=sleep,

@@ -7,7 +7,8 @@ import collections
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import attrs
 from aiohttp import web
@@ -30,7 +31,8 @@ class Gateway:
     generation gets the same ones.
     """
 
-    current: Generation
+    #: The generation new calls run on.
+    current: Generation = attrs.field(init=False)
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     random: Callable[[], float] = random.random
@@ -43,6 +45,7 @@ class Gateway:
     draining: bool = False
     #: Retired generations whose calls are still running.
     draining_generations: set[Generation] = attrs.field(factory=set)
+    keeper: Keeper = attrs.field(factory=Keeper)
     _reload_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     _stopping: set[asyncio.Task[None]] = attrs.field(factory=set)
 
@@ -50,12 +53,19 @@ class Gateway:
     def config(self) -> Config:
         return self.current.config
 
-    def build(self, config: Config) -> Generation:
+    @classmethod
+    def for_config(cls, config: Config, **kwargs: Any) -> Gateway:
+        """A gateway whose first generation is built (not started) from ``config``."""
+        gateway = cls(**kwargs)
+        gateway.current = gateway.build(config, number=1)
+        return gateway
+
+    def build(self, config: Config, *, number: int | None = None) -> Generation:
         """The next generation for ``config`` (built, not started); raises ``ConfigError``."""
         return build_generation(
             config,
-            number=self.current.number + 1,
-            keeper=self.current.keeper,
+            number=number if number is not None else self.current.number + 1,
+            keeper=self.keeper,
             plugins=self.plugins,
             load_entrypoints=self.load_entrypoints,
             clock=self.clock,
@@ -85,7 +95,8 @@ class Gateway:
                 )
                 if isinstance(exc, ConfigError):
                     raise
-                raise ConfigError(config_source(config, self), "reload", str(exc)) from exc
+                source = (config or self.current.config).source
+                raise ConfigError(source, "reload", str(exc)) from exc
             previous, self.current = self.current, following
             self.counters["reloads"] += 1
             log.info("generation %d serving (reloaded from %s)", following.number, config.source)
@@ -134,42 +145,6 @@ class Gateway:
 
     async def on_shutdown(self, app: web.Application) -> None:
         self.draining = True
-
-
-def config_source(config: Config | None, gateway: Gateway) -> str:
-    return config.source if config is not None else gateway.current.config.source
-
-
-def first_gateway(
-    config: Config,
-    *,
-    plugins: Iterable[tuple[object, str]],
-    load_entrypoints: bool,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]],
-    random: Callable[[], float],
-) -> Gateway:
-    counters: collections.Counter[str] = collections.Counter()
-    plugins = tuple(plugins)
-    generation = build_generation(
-        config,
-        keeper=Keeper(),
-        plugins=plugins,
-        load_entrypoints=load_entrypoints,
-        clock=clock,
-        sleep=sleep,
-        random=random,
-        counters=counters,
-    )
-    return Gateway(
-        current=generation,
-        clock=clock,
-        sleep=sleep,
-        random=random,
-        counters=counters,
-        plugins=plugins,
-        load_entrypoints=load_entrypoints,
-    )
 
 
 GATEWAY = web.AppKey("prism_gateway", Gateway)

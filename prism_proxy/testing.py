@@ -16,13 +16,16 @@ provider plugin is tested exactly the way the core's are:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import importlib.metadata
 import os
 import random as random_module
+import resource
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,6 +49,7 @@ __all__ = [
     "StartGateway",
     "free_port",
     "installed_plugins",
+    "out_of_file_handles",
     "serve_process",
 ]
 
@@ -110,6 +114,34 @@ class StartGateway(Protocol):
         base_dir: Path | None = None,
         load_plugins: Iterable[str] | None = None,
     ) -> Awaitable[GatewayUnderTest]: ...
+
+
+def _lowest_free_fd() -> int:
+    fd = 0
+    while True:
+        try:
+            os.fstat(fd)  # opens nothing, unlike listing /proc/self/fd
+        except OSError:
+            return fd
+        fd += 1
+
+
+@contextlib.contextmanager
+def out_of_file_handles() -> Iterator[None]:
+    """The process cannot open one more file, as when slow connections used them all up.
+
+    ``RLIMIT_NOFILE`` bounds descriptor numbers, not how many are open: the soft
+    limit goes to the lowest free number, leaving no handle to spare.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_lowest_free_fd(), hard))
+    try:
+        with pytest.raises(OSError) as refused:
+            open(os.devnull).close()
+        assert refused.value.errno == errno.EMFILE
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def installed_plugins() -> list[str]:

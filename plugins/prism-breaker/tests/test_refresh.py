@@ -8,12 +8,7 @@ own process) must still reach the gateway then, and its own writes must land.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
-import os
-import resource
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,34 +18,7 @@ from prism_breaker import Observation, breaker_of
 
 from prism_proxy import Outcome
 from prism_proxy.cli import main as prism_main
-
-
-def lowest_free_fd() -> int:
-    fd = 0
-    while True:
-        try:
-            os.fstat(fd)  # opens nothing, unlike listing /proc/self/fd
-        except OSError:
-            return fd
-        fd += 1
-
-
-@contextlib.contextmanager
-def out_of_file_handles() -> Iterator[None]:
-    """The process cannot open one more file, as when slow connections used them all up.
-
-    ``RLIMIT_NOFILE`` bounds descriptor numbers, not how many are open: the soft
-    limit goes to the lowest free number, leaving no handle to spare.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
-    try:
-        with pytest.raises(OSError) as refused:
-            open(os.devnull).close()
-        assert refused.value.errno == errno.EMFILE
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+from prism_proxy.testing import out_of_file_handles
 
 
 def write_config(tmp_path: Path, fake: Any) -> Path:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
-import resource
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -19,6 +16,7 @@ from prism_keys import hash_key, ring_of
 
 from prism_proxy import Call, Principal, hookimpl
 from prism_proxy.cli import main
+from prism_proxy.testing import out_of_file_handles
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -222,34 +220,6 @@ async def test_empty_database_refuses_everyone(prism_fake, prism_gateway, tmp_pa
     assert "no active API keys" in caplog.text
     status, body = await chat_with(gw, {"Authorization": "Bearer sk-prism-0123456789ab-x"})
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
-
-
-def lowest_free_fd() -> int:
-    fd = 0
-    while True:
-        try:
-            os.fstat(fd)  # opens nothing, unlike listing /proc/self/fd
-        except OSError:
-            return fd
-        fd += 1
-
-
-@contextlib.contextmanager
-def out_of_file_handles() -> Iterator[None]:
-    """The process cannot open one more file, as when slow connections used them all up.
-
-    ``RLIMIT_NOFILE`` bounds descriptor numbers, not how many are open: the soft
-    limit goes to the lowest free number, leaving no handle to spare.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free_fd(), hard))
-    try:
-        with pytest.raises(OSError) as refused:
-            open(os.devnull).close()
-        assert refused.value.errno == errno.EMFILE
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_a_revocation_takes_effect_when_the_process_is_out_of_file_handles(
