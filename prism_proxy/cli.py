@@ -24,6 +24,7 @@ from .config import (
 from .errors import ConfigError
 from .gateway import GATEWAY
 from .plugins import describe_plugins, make_plugin_manager
+from .scaffold import add_scaffold_command
 from .server import LISTEN_SOCKETS, CannotListen, Listening, bind, close_sockets, run, serve
 
 __all__ = ["main"]
@@ -91,6 +92,7 @@ def _main(argv: list[str]) -> int:
         _plugins,
         needs_config=False,
     )
+    add_scaffold_command(commands)
     demo = commands.subparsers.add_parser(
         "demo", help="run a fake upstream and the gateway on the embedded demo configuration"
     )

@@ -59,14 +59,16 @@ def make_plugin_manager(
         pm.set_blocked(name)
     for plugin, name in default_plugins():
         pm.register(plugin, name)
+    # Registered first: an installed plugin of the same name (a plugin under test
+    # that is also installed) is then the one given here, not loaded twice.
+    for plugin, name in extra_plugins:
+        if not pm.is_blocked(name):
+            pm.register(plugin, name)
     if load_entrypoints:
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         except pluggy.PluginValidationError as exc:
             raise ConfigError(config.source, f"plugin {_name(exc)}", str(exc)) from None
-    for plugin, name in extra_plugins:
-        if not pm.is_blocked(name):
-            pm.register(plugin, name)
     for name in config.required_plugins:
         if pm.is_blocked(name):
             raise ConfigError(

@@ -228,9 +228,11 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
         load_plugins: Iterable[str] | None = None,
     ) -> GatewayUnderTest:
         core = dict(config or {})
+        extra = [*prism_plugin.plugins, *plugins]
         if load_plugins is not None:
-            # Every installed plugin not named is disabled, before it is imported.
-            wanted = set(load_plugins)
+            # Every installed plugin not named (nor registered by the test) is
+            # disabled, before it is imported.
+            wanted = {*load_plugins, *(name for _, name in extra)}
             core["disable"] = sorted(
                 {*installed_plugins()} - wanted | set(core.get("disable") or ())
             )
@@ -243,7 +245,7 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
         )
         app = create_app(
             cfg,
-            plugins=[*prism_plugin.plugins, *plugins],
+            plugins=extra,
             clock=clock,
             sleep=sleep,
             random=random,
