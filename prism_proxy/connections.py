@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
 from aiohttp.streams import StreamReader
 
+from .answers import error_response
 from .errors import PrismError
 from .wire import OPENAI
 
@@ -222,12 +223,7 @@ class GuardedHandler(web.RequestHandler):
             err = PrismError(
                 status, "internal_error", "Prism failed unexpectedly", type="api_error"
             )
-        response = web.Response(
-            status=err.status,
-            body=OPENAI.error_body(err),
-            content_type="application/json",
-            headers={"Server": SERVER},
-        )
+        response = error_response(err, headers={"Server": SERVER})
         response.force_close()
         return response
 
