@@ -39,10 +39,12 @@ def prism_generation(generation: Generation) -> None:
     path = settings.ledger_path
     if path is None:
         return
-    # One writer per ledger file, kept across reloads: its group commit and its
-    # connection serve every generation that bills into that file.
+    # One writer per ledger file and write settings, kept across reloads: its
+    # group commit and its connection serve every generation that bills into
+    # that file alike.  New write settings get a writer of their own (SQLite
+    # serialises the two while the old generation drains).
     kept = generation.keep(
-        ("billing", path),
+        ("billing", path, settings.synchronous, settings.max_batch_rows),
         lambda: LedgerLifecycle(
             LedgerWriter(
                 path,
