@@ -11,7 +11,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import orjson
@@ -96,7 +96,9 @@ class ModelSpec:
     #: ``return`` an empty completion to the caller (flagged), or ``fallback`` past it.
     empty: str = "return"
     fallback_models: tuple[str, ...] = ()
-    cross_tier_fallback: bool | None = None
+    #: True, False, ``"caller"`` (only for calls that send ``x-prism-fallback: allow``),
+    #: or None for the ``[prism]`` default.
+    cross_tier_fallback: bool | Literal["caller"] | None = None
     #: A templated answer served instead of a 504 when the call budget runs out.
     degraded: str | None = None
 
@@ -275,8 +277,11 @@ def _policy(name: str, table: Mapping[str, Any], err: Any) -> dict[str, Any]:
         raise err(f"models.{name}.fallback_models", "expected a list of model names")
     policy["fallback_models"] = tuple(fallbacks)
     cross = table.get("cross_tier_fallback")
-    if cross is not None and not isinstance(cross, bool):
-        raise err(f"models.{name}.cross_tier_fallback", f"expected true or false, got {cross!r}")
+    if cross is not None and not isinstance(cross, bool) and cross != "caller":
+        raise err(
+            f"models.{name}.cross_tier_fallback",
+            f'expected true, false or "caller", got {cross!r}',
+        )
     policy["cross_tier_fallback"] = cross
     degraded = table.get("degraded")
     if degraded is not None and (not isinstance(degraded, str) or not degraded.strip()):

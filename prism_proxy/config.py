@@ -16,7 +16,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -191,7 +191,8 @@ class Config:
     backoff_cap_ms: int = 8000
     #: One time budget for every try of every binding of a call (models may override).
     call_budget_ms: int = 120_000
-    cross_tier_fallback: bool = False
+    #: True, False or ``"caller"``: only for calls that send ``x-prism-fallback: allow``.
+    cross_tier_fallback: bool | Literal["caller"] = False
     #: The admin API's bearer token, read from the variable ``admin_token_env`` names.
     admin_token: str | None = attrs.field(default=None, repr=False)
     #: The variable ``[prism] admin_token_env`` names (None: not configured).
@@ -374,7 +375,12 @@ def config_from_mapping(
         "backoff_cap_ms", config.backoff_cap_ms, min=config.backoff_base_ms
     )
     config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
-    config.cross_tier_fallback = core.get_bool("cross_tier_fallback", config.cross_tier_fallback)
+    if str(core.values.get("cross_tier_fallback", "")).strip().lower() == "caller":
+        config.cross_tier_fallback = "caller"
+    else:
+        config.cross_tier_fallback = core.get_bool(
+            "cross_tier_fallback", config.cross_tier_fallback is True
+        )
     config.header_timeout_s = core.get_float(
         "header_timeout_s", config.header_timeout_s, min=0.1, max=3600
     )

@@ -97,6 +97,8 @@ async def dispatch(gen: Generation, call: Call) -> Served:
         cross_tier = model.cross_tier_fallback
         if cross_tier is None:
             cross_tier = config.cross_tier_fallback
+        if cross_tier == "caller":
+            cross_tier = caller_allows_fallback(call)
         if cross_tier and call.route.cross_tier and not model.pinned:
             for name in model.fallback_models:
                 fallback = gen.catalog.models[name]
@@ -123,6 +125,14 @@ async def dispatch(gen: Generation, call: Call) -> Served:
             extra={"request_id": call.request_id, "attempts": attempt_record(call)},
         )
     raise exhausted(call)
+
+
+#: A caller opts in to cross-tier fallback (for models that leave it to the caller).
+FALLBACK_HEADER = "x-prism-fallback"
+
+
+def caller_allows_fallback(call: Call) -> bool:
+    return call.request.headers.get(FALLBACK_HEADER, "").strip().lower() == "allow"
 
 
 @attrs.define(eq=False)

@@ -189,6 +189,35 @@ async def test_cross_tier_fallback_only_when_switched_on(prism_fake, prism_gatew
     assert "note cross-tier-fallback-to-small-(tier-economy)" in raw.headers["x-prism-attempt-log"]
 
 
+@pytest.mark.parametrize("where", ["model", "global"])
+async def test_cross_tier_fallback_left_to_the_caller(prism_fake, prism_gateway, where):
+    if where == "model":
+        gw = await prism_gateway(tiers(prism_fake, cross_tier_fallback="caller"))
+    else:
+        gw = await prism_gateway(tiers(prism_fake), config={"cross_tier_fallback": "caller"})
+    # A caller that did not ask stays in its tier.
+    with pytest.raises(openai.APIStatusError) as info:
+        await chat(gw, model="big", extra_headers={"x-prism-fallback": "please"})
+    assert info.value.status_code == 503
+    assert "x-prism-fallback" not in info.value.response.headers
+    assert prism_fake.hits("cheap") == 0
+    # One that sends x-prism-fallback: allow gets the other tier, and is told so.
+    raw = await chat(gw, model="big", extra_headers={"x-prism-fallback": "allow"})
+    assert raw.headers["x-prism-fallback"] == "cross-tier"
+    assert raw.headers["x-prism-provider"] == "c"
+
+
+def test_cross_tier_fallback_takes_true_false_or_caller(prism_fake):
+    from prism_proxy import ConfigError, config_from_mapping, create_app
+
+    with pytest.raises(ConfigError) as info:
+        create_app(
+            config_from_mapping({}, catalog_data=tiers(prism_fake, cross_tier_fallback="maybe"))
+        )
+    assert info.value.key == "models.big.cross_tier_fallback"
+    assert '"caller"' in info.value.problem
+
+
 async def test_model_can_refuse_cross_tier_even_when_on_globally(prism_fake, prism_gateway):
     gw = await prism_gateway(
         tiers(prism_fake, cross_tier_fallback=False), config={"cross_tier_fallback": True}
