@@ -36,7 +36,9 @@ _MODEL_KEYS = frozenset(
 EMPTY_POLICIES = ("return", "fallback")
 _BINDING_KEYS = frozenset({"provider", "model"})
 #: Chain-line options the core itself reads (kept in ``Binding.options``).
-_CORE_LINE_OPTIONS = frozenset({"max_output_tokens"})
+_CORE_LINE_OPTIONS = frozenset({"max_output_tokens", "max_context_tokens", "capabilities"})
+#: What a line may declare it can do (``capabilities``); see :mod:`prism_proxy.gate`.
+LINE_CAPABILITIES = ("tools", "vision", "json_mode", "audio")
 _TOP_KEYS = frozenset({"providers", "models"})
 
 
@@ -126,12 +128,21 @@ class Catalog:
 
     def check_line_options(self, where: str, options: Mapping[str, Any]) -> None:
         """Check the values of the line options the core reads (for lines plugins build)."""
-        cap = options.get("max_output_tokens")
-        if cap is not None and (type(cap) is not int or cap < 1):
+        for key in ("max_output_tokens", "max_context_tokens"):
+            limit = options.get(key)
+            if limit is not None and (type(limit) is not int or limit < 1):
+                raise ConfigError(
+                    self.source, f"{where}.{key}", f"expected a whole number >= 1, got {limit!r}"
+                )
+        capabilities = options.get("capabilities")
+        if capabilities is not None and (
+            not isinstance(capabilities, list)
+            or not all(item in LINE_CAPABILITIES for item in capabilities)
+        ):
             raise ConfigError(
                 self.source,
-                f"{where}.max_output_tokens",
-                f"expected a whole number >= 1, got {cap!r}",
+                f"{where}.capabilities",
+                f"expected a list of {', '.join(LINE_CAPABILITIES)}, got {capabilities!r}",
             )
 
     def resolve(self, name: str) -> ModelSpec | None:

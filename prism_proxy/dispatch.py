@@ -31,6 +31,7 @@ from .call import Attempt, Call, Endpoint, Outcome, Route, Skip, UpstreamResult,
 from .catalog import Binding, ModelSpec
 from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
+from .gate import Incompatible, check_line
 from .generation import Generation
 from .providers import UpstreamResponse
 from .record import attempt_record
@@ -151,8 +152,12 @@ class _Walk:
         ready = []
         for binding in route.bindings:
             try:
+                check_line(self.call, binding)
                 provider = self.gen.providers[binding.provider]
                 ready.append((binding, prepare(self.call, binding, provider, self.gen.wires)))
+            except Incompatible as why:
+                record.append(Skip("skipped", str(why), binding))
+                self.incompatible.append((binding.id, str(why)))
             except Untranslatable as why:
                 # Reasons may quote the caller's input: bounded, they fit a header.
                 reason = str(why)[:120]
