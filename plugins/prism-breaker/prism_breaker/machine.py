@@ -244,7 +244,12 @@ class Machine:
         concurrent callers cannot all land on a binding that is still dead.
         """
         b = self.tick(key, now)
-        if b.state in (State.ELIGIBLE, State.SUSPECT):
+        if b.state is State.ELIGIBLE:
+            return ADMITTED
+        if b.state is State.SUSPECT:
+            # Evidence is gathering: enough calls to settle it, not a whole burst.
+            if b.in_flight >= self.settings.suspect_max_inflight:
+                return Admission(False, f"breaker: suspect, {b.in_flight} in flight")
             return ADMITTED
         if b.state is State.ISOLATED:
             return Admission(False, "breaker: isolated")

@@ -34,6 +34,7 @@ _KEYS = frozenset(
         "trial_min_successes",
         "trial_min_duration_s",
         "trial_max_in_flight",
+        "suspect_max_inflight",
         "trial_spacing_s",
         "trial_lease_s",
         "state_path",
@@ -63,6 +64,8 @@ class Settings:
     trial_min_successes: int = 5
     trial_min_duration_s: float = 60.0
     trial_max_in_flight: int = 1
+    #: Calls in flight a suspect binding admits at once (see the README for the default).
+    suspect_max_inflight: int = 4
     trial_spacing_s: float = 1.0
     trial_lease_s: float = 120.0
     state_path: str = MEMORY
@@ -110,6 +113,7 @@ class Settings:
             trial_min_successes=section.get_int("trial_min_successes", 5, min=1),
             trial_min_duration_s=section.get_float("trial_min_duration_s", 60.0, min=0.0),
             trial_max_in_flight=section.get_int("trial_max_in_flight", 1, min=1),
+            suspect_max_inflight=section.get_int("suspect_max_inflight", 4, min=1),
             trial_spacing_s=section.get_float("trial_spacing_s", 1.0, min=0.0),
             trial_lease_s=section.get_float(
                 "trial_lease_s", _longest_budget_s(config, catalog), min=1.0
