@@ -38,6 +38,7 @@ from .hookimpl import hookimpl
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
+    ParamProfile,
     Provider,
     ProviderFactory,
     UpstreamResponse,
@@ -67,6 +68,7 @@ __all__ = [
     "HttpProvider",
     "ModelSpec",
     "Outcome",
+    "ParamProfile",
     "Principal",
     "PrismError",
     "Provider",

@@ -36,7 +36,9 @@ _MODEL_KEYS = frozenset(
 EMPTY_POLICIES = ("return", "fallback")
 _BINDING_KEYS = frozenset({"provider", "model"})
 #: Chain-line options the core itself reads (kept in ``Binding.options``).
-_CORE_LINE_OPTIONS = frozenset({"max_output_tokens", "max_context_tokens", "capabilities"})
+_CORE_LINE_OPTIONS = frozenset(
+    {"max_output_tokens", "max_context_tokens", "capabilities", "max_concurrency", "queue_ms"}
+)
 #: What a line may declare it can do (``capabilities``); see :mod:`prism_proxy.gate`.
 LINE_CAPABILITIES = ("tools", "vision", "json_mode", "audio")
 _TOP_KEYS = frozenset({"providers", "models"})
@@ -128,12 +130,18 @@ class Catalog:
 
     def check_line_options(self, where: str, options: Mapping[str, Any]) -> None:
         """Check the values of the line options the core reads (for lines plugins build)."""
-        for key in ("max_output_tokens", "max_context_tokens"):
+        for key in ("max_output_tokens", "max_context_tokens", "max_concurrency", "queue_ms"):
             limit = options.get(key)
             if limit is not None and (type(limit) is not int or limit < 1):
                 raise ConfigError(
                     self.source, f"{where}.{key}", f"expected a whole number >= 1, got {limit!r}"
                 )
+        if "queue_ms" in options and "max_concurrency" not in options:
+            raise ConfigError(
+                self.source,
+                f"{where}.queue_ms",
+                "a queue needs max_concurrency on the same line: there is nothing to wait for",
+            )
         capabilities = options.get("capabilities")
         if capabilities is not None and (
             not isinstance(capabilities, list)

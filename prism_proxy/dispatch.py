@@ -28,6 +28,7 @@ import attrs
 
 from .backoff import Backoff
 from .call import Attempt, Call, Endpoint, Outcome, Route, Skip, UpstreamResult, Verdict
+from .capacity import Slots
 from .catalog import Binding, ModelSpec
 from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
@@ -128,6 +129,9 @@ async def dispatch(gen: Generation, call: Call) -> Served:
     raise exhausted(call)
 
 
+#: ``call.extensions`` key of the capacity slot the serving attempt holds until the end.
+SERVED_SLOT = "prism.slot"
+
 #: A caller opts in to cross-tier fallback (for models that leave it to the caller).
 FALLBACK_HEADER = "x-prism-fallback"
 
@@ -169,6 +173,16 @@ class _Walk:
                 return served
         return None
 
+    async def _slot(self, binding: Binding, slots: Slots) -> bool:
+        """A capacity slot on ``binding`` now, or after queueing as its ``queue_ms`` allows."""
+        if slots.take():
+            return True
+        queue_s = binding.options.get("queue_ms", 0) / 1000
+        # Never queue past what the budget needs left for the attempt itself.
+        room = self.deadline - self.gen.clock() - MIN_ATTEMPT_S
+        wait = min(queue_s, room)
+        return wait > 0 and await slots.wait(wait)
+
     async def binding(
         self, binding: Binding, model: ModelSpec, prepared: Prepared
     ) -> Served | None:
@@ -179,24 +193,42 @@ class _Walk:
         attempt_timeout = call.attempt_timeout_s
         tries = 0
         timed_out_before = False
+        slots = gen.capacity.for_line(binding)
         while True:
             remaining = self.deadline - gen.clock()
             if remaining < MIN_ATTEMPT_S:
                 raise _BudgetSpent
+            if slots is not None and not await self._slot(binding, slots):
+                call.record.append(Skip("skipped", f"full ({slots.limit} in flight)", binding))
+                return None
             admit = gen.hooks.admit_attempt
             veto = admit(call=call, binding=binding) if admit is not None else None
             if veto is not None:
+                if slots is not None:
+                    slots.give_back()
                 call.record.append(Skip("vetoed", veto, binding))
                 return None
+            remaining = self.deadline - gen.clock()  # a queue wait may have spent some
             timeout = remaining if attempt_timeout is None else min(attempt_timeout, remaining)
-            served, attempt, result = await _attempt(gen, call, binding, timeout, prepared)
+            try:
+                served, attempt, result = await _attempt(gen, call, binding, timeout, prepared)
+            except BaseException:
+                if slots is not None:
+                    slots.give_back()
+                raise
             verdict = attempt.verdict
             assert verdict is not None
-            if served is not None:
-                if verdict.outcome is Outcome.EMPTY and model.empty == "fallback":
-                    served.discard()
-                    return None
+            if served is not None and not (
+                verdict.outcome is Outcome.EMPTY and model.empty == "fallback"
+            ):
+                if slots is not None:
+                    call.extensions[SERVED_SLOT] = slots  # held until the answer ends
                 return served
+            if slots is not None:
+                slots.give_back()
+            if served is not None:
+                served.discard()
+                return None
             if verdict.outcome is Outcome.REQUEST_ERROR:
                 raise PassThrough(attempt, result)
             if verdict.outcome is Outcome.TIMEOUT and timeout < (attempt_timeout or float("inf")):

@@ -12,7 +12,7 @@ from aiohttp import web
 from .admin import admin_handler
 from .answers import Answer, BodyAnswer, ErrorAnswer, error_response, settle
 from .call import Call, Endpoint, Settlement, new_id
-from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
+from .dispatch import SERVED_SLOT, ChainDeadline, PassThrough, dispatch, exhausted
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY
 from .generation import Generation
@@ -169,6 +169,9 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
             recorded = await settle(generation, call)
         return await answer.finish(call, recorded)
     finally:
+        slot = call.extensions.pop(SERVED_SLOT, None)
+        if slot is not None:
+            slot.give_back()
         gateway.leave(generation)
 
 

@@ -22,18 +22,19 @@ import logging
 import os
 import random as random_module
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import attrs
 import pluggy
 
+from .capacity import Capacity
 from .catalog import Catalog, load_catalog
 from .config import Config
 from .errors import ConfigError
 from .hotpath import TRACE_ENV, Hooks, trace_hooks
-from .plugins import disabled_owner, make_plugin_manager, provider_kinds
-from .providers import Provider
+from .plugins import disabled_owner, make_plugin_manager, param_profiles, provider_kinds
+from .providers import ParamProfile, Provider
 from .wire import Wires, default_wires
 
 __all__ = ["Generation", "Keeper", "Lifecycle", "build_generation"]
@@ -122,8 +123,12 @@ class Generation:
     random: Callable[[], float] = random_module.random
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     providers: dict[str, Provider] = attrs.field(factory=dict)
+    #: Capacity slots of lines with ``max_concurrency``, kept across generations.
+    capacity: Capacity = attrs.field(factory=Capacity)
     #: The wire formats and translations the plugins registered (``prism_wires``).
     wires: Wires = attrs.field(factory=lambda: Wires.of(default_wires()))
+    #: The parameter profiles the plugins ship (``prism_param_profiles``), by family.
+    param_profiles: Mapping[str, ParamProfile] = attrs.field(factory=dict)
     #: Per-generation tasks and resources: like aiohttp's ``cleanup_ctx``, each
     #: runs to its ``yield`` when the generation starts and on when it stops.
     cleanup_ctx: list[Callable[[], AsyncIterator[None]]] = attrs.field(factory=list)
@@ -248,9 +253,11 @@ def build_generation(
         wires = Wires.of(item for answer in pm.hook.prism_wires() for item in answer or ())
     except ValueError as exc:
         raise ConfigError(config.source, "plugins", str(exc)) from None
+    profiles = param_profiles(config, pm)
     generation = Generation(
         number=number,
         wires=wires,
+        param_profiles=profiles,
         config=config,
         catalog=catalog,
         pm=pm,
@@ -260,6 +267,7 @@ def build_generation(
         random=random,
         counters=counters if counters is not None else collections.Counter(),
     )
+    generation.capacity = generation.keep(("prism.capacity",), Capacity)
     try:
         pm.hook.prism_generation(generation=generation)
     except BaseException:
@@ -268,6 +276,8 @@ def build_generation(
     generation.providers = {
         name: kinds[spec.kind](spec) for name, spec in catalog.providers.items()
     }
+    for provider in generation.providers.values():
+        provider.param_profiles = profiles
     if os.environ.get(TRACE_ENV):
         trace_hooks(pm)
     return generation

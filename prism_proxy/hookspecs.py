@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .commands import Commands
     from .config import Config
     from .generation import Generation
-    from .providers import ProviderFactory
+    from .providers import ParamProfile, ProviderFactory
     from .wire import Translation, Wire
 
 hookspec = pluggy.HookspecMarker("prism_proxy")
@@ -90,6 +90,22 @@ def prism_catalog_keys() -> CatalogKeys | None:
     The core rejects unknown keys in the catalog; a plugin that reads, say,
     ``price`` on chain lines returns ``CatalogKeys(binding=frozenset({"price"}))``.
     Called once at start-up, before the catalog is validated.  Fan-out.
+    """
+
+
+@hookspec
+def prism_param_profiles() -> Mapping[str, ParamProfile] | None:
+    """Ship parameter profiles: return ``{"family-name": ParamProfile(...)}``.
+
+    A chain line that says ``family = "family-name"`` gets the profile's
+    known adjustments (parameters dropped, parameters renamed) as if it had
+    declared them as ``drop_params``/``rename_params``; the line's own
+    settings override the profile's.  ``ParamProfile.kinds`` names the
+    provider kinds whose lines may use it.  Called once per generation,
+    before ``prism_generation``; the profiles are on
+    ``generation.param_profiles``, which a provider plugin passes to
+    ``check_param_rules``.  Fan-out; a family name two plugins register is a
+    start-up error naming both.
     """
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -14,7 +14,7 @@ from . import hookspecs
 from .config import Config
 from .defaults import default_plugins
 from .errors import ConfigError
-from .providers import ProviderFactory
+from .providers import ParamProfile, ProviderFactory
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -23,6 +23,7 @@ __all__ = [
     "disabled_owner",
     "installed_names",
     "make_plugin_manager",
+    "param_profiles",
     "provider_kinds",
 ]
 
@@ -155,6 +156,45 @@ def provider_kinds(config: Config, pm: pluggy.PluginManager) -> dict[str, Provid
                 )
             kinds[kind] = factory
     return kinds
+
+
+def param_profiles(config: Config, pm: pluggy.PluginManager) -> dict[str, ParamProfile]:
+    """Every parameter profile the plugins ship; a family two plugins register is an error.
+
+    Each implementation is asked on its own so that the error names both plugins.
+    """
+    profiles: dict[str, ParamProfile] = {}
+    owners: dict[str, str] = {}
+    for impl in pm.hook.prism_param_profiles.get_hookimpls():  # in registration order
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        answer = impl.function()
+        if answer is None:
+            continue
+        if not isinstance(answer, Mapping):
+            raise ConfigError(
+                config.source,
+                f"plugin {impl.plugin_name}",
+                f"prism_param_profiles returned {type(answer).__name__}, "
+                "expected a mapping of family name to ParamProfile",
+            )
+        for family, profile in answer.items():
+            if not isinstance(family, str) or not family or not isinstance(profile, ParamProfile):
+                raise ConfigError(
+                    config.source,
+                    f"plugin {impl.plugin_name}",
+                    f"prism_param_profiles: {family!r} is not a family name with a ParamProfile",
+                )
+            if family in owners:
+                raise ConfigError(
+                    config.source,
+                    "plugins",
+                    f"plugins {owners[family]!r} and {impl.plugin_name!r} both register "
+                    f"parameter profile (family) {family!r}",
+                )
+            owners[family] = impl.plugin_name
+            profiles[family] = profile
+    return profiles
 
 
 def _name(exc: pluggy.PluginValidationError) -> str:

@@ -13,10 +13,12 @@ import abc
 import importlib.metadata
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Protocol
 
 import aiohttp
+import attrs
 
 from .call import Call, Endpoint
 from .catalog import Binding, Catalog, ProviderSpec
@@ -25,6 +27,7 @@ from .errors import ConfigError
 __all__ = [
     "PARAM_RULE_KEYS",
     "HttpProvider",
+    "ParamProfile",
     "Provider",
     "ProviderFactory",
     "UpstreamResponse",
@@ -36,7 +39,52 @@ __all__ = [
 log = logging.getLogger("prism")
 
 #: Catalog line keys for per-family parameter normalisation (declared by provider plugins).
-PARAM_RULE_KEYS = frozenset({"drop_params", "rename_params"})
+PARAM_RULE_KEYS = frozenset({"family", "drop_params", "rename_params"})
+
+#: A line's effective parameter rules: the names to drop, and ``old -> new`` renames.
+LineParams = tuple[tuple[str, ...], Mapping[str, str]]
+
+#: A provider caches this many lines' resolved parameters before starting over (a
+#: plugin that builds a new ``Binding`` per call must not grow the cache forever).
+_LINE_PARAMS_CACHE = 4096
+
+
+def _param_names(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(name, str) and name for name in value):
+        raise TypeError(f"expected a list of parameter names, got {value!r}")
+    return tuple(dict.fromkeys(value))
+
+
+def _param_renames(value: Mapping[str, str]) -> Mapping[str, str]:
+    renames = dict(value)
+    if not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in renames.items()):
+        raise TypeError(f'expected a table of old = "new" parameter names, got {value!r}')
+    return MappingProxyType(renames)
+
+
+def _kinds(value: Iterable[str]) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset({value})
+    return frozenset(value)
+
+
+@attrs.frozen
+class ParamProfile:
+    """A model family's known parameter adjustments (hook ``prism_param_profiles``).
+
+    A chain line that says ``family = "<name>"`` gets ``drop`` (parameters
+    the family refuses, removed from the body) and ``rename`` (``old`` sent
+    as ``new``), as if the line had declared them as ``drop_params`` and
+    ``rename_params``; the line's own settings override them
+    (:func:`line_params`).  ``kinds``: the provider kinds whose lines may use
+    the family (empty: any kind); the names are those of the body in that
+    provider's wire format.
+    """
+
+    drop: tuple[str, ...] = attrs.field(default=(), converter=_param_names)
+    rename: Mapping[str, str] = attrs.field(factory=dict, converter=_param_renames)
+    kinds: frozenset[str] = attrs.field(default=frozenset(), converter=_kinds)
+    description: str = ""
 
 
 class UpstreamResponse(Protocol):
@@ -74,10 +122,14 @@ class Provider(abc.ABC):
     endpoints: ClassVar[frozenset[Endpoint]] = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
     #: ``max_tokens`` to send when a translated request has none and the API needs one.
     default_max_tokens: int = 4096
+    #: The generation's parameter profiles (``prism_param_profiles``), by family
+    #: name; the core sets them when it builds the generation, before any call.
+    param_profiles: Mapping[str, ParamProfile] = MappingProxyType({})
 
     def __init__(self, spec: ProviderSpec) -> None:
         self.spec = spec
         self.name = spec.name
+        self._line_params: dict[int, tuple[Binding, LineParams]] = {}
 
     async def start(self) -> None:
         """Open pooled resources; called once, inside the running event loop."""
@@ -91,11 +143,22 @@ class Provider(abc.ABC):
         Per-family parameter rules belong here, never in call sites.  Mutate
         ``body`` in place and return what was changed, in words (``"dropped
         temperature"``): the caller sees it in ``x-prism-params-adjusted``.
-        The default applies the line's ``drop_params``/``rename_params``
-        (which the provider's plugin declares and checks with
-        :func:`check_param_rules`); override to add a family's own rules.
+        The default applies the line's ``family`` profile and its own
+        ``drop_params``/``rename_params`` (which the provider's plugin
+        declares and checks with :func:`check_param_rules`), as resolved once
+        per line by :meth:`line_params`; override to add rules of your own.
         """
-        return normalise_params(body, *line_params(binding))
+        return normalise_params(body, *self.line_params(binding))
+
+    def line_params(self, binding: Binding) -> LineParams:
+        """``binding``'s effective drops and renames: merged on its first call, then reused."""
+        cached = self._line_params.get(id(binding))
+        if cached is None or cached[0] is not binding:
+            if len(self._line_params) >= _LINE_PARAMS_CACHE:
+                self._line_params.clear()
+            drop, rename = line_params(binding, self.param_profiles)
+            cached = self._line_params[id(binding)] = (binding, (drop, MappingProxyType(rename)))
+        return cached[1]
 
     @abc.abstractmethod
     async def send(
@@ -246,31 +309,88 @@ def normalise_params(
     return adjusted
 
 
-def line_params(binding: Binding) -> tuple[tuple[str, ...], dict[str, str]]:
-    """A catalog line's ``drop_params`` and ``rename_params`` (checked at start-up)."""
-    return tuple(binding.options.get("drop_params", ())), dict(
-        binding.options.get("rename_params", {})
-    )
+def line_params(
+    binding: Binding, profiles: Mapping[str, ParamProfile] | None = None
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A catalog line's effective drops and renames (checked at start-up).
+
+    The line's ``family`` profile (looked up in ``profiles``) comes first;
+    the line's own ``drop_params`` and ``rename_params`` override it: its
+    drops are added, its renames replace the profile's for the same
+    parameter, a parameter it renames is no longer dropped (it goes out
+    under the new name) and one it drops is no longer renamed.  A family
+    missing from ``profiles`` adds nothing (:func:`check_param_rules`
+    refuses it at start-up).  A provider resolves each line once
+    (:meth:`Provider.line_params`).
+    """
+    own_drop = tuple(binding.options.get("drop_params", ()))
+    own_rename = dict(binding.options.get("rename_params", {}))
+    family = binding.options.get("family")
+    profile = profiles.get(family) if profiles is not None and isinstance(family, str) else None
+    if profile is None:
+        return own_drop, own_rename
+    drop = [name for name in profile.drop if name not in own_rename]
+    drop += [name for name in own_drop if name not in drop]
+    rename = {**profile.rename, **own_rename}
+    for name in own_drop:
+        rename.pop(name, None)
+    return tuple(drop), rename
 
 
-def check_param_rules(catalog: Catalog, kind: str) -> None:
-    """Validate ``drop_params``/``rename_params`` on the lines whose provider is of ``kind``."""
-    for name, model in catalog.models.items():
-        for index, binding in enumerate(model.chain):
-            if catalog.providers[binding.provider].kind != kind:
-                continue
-            where = f"models.{name}.chain[{index}]"
-            drop = binding.options.get("drop_params", [])
-            if not isinstance(drop, list) or not all(isinstance(p, str) for p in drop):
-                raise ConfigError(
-                    catalog.source, f"{where}.drop_params", "expected a list of names"
-                )
-            rename = binding.options.get("rename_params", {})
-            if not isinstance(rename, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
-            ):
-                raise ConfigError(
-                    catalog.source,
-                    f"{where}.rename_params",
-                    'expected a table of old = "new" names',
-                )
+def check_param_rules(
+    catalog: Catalog,
+    kind: str,
+    profiles: Mapping[str, ParamProfile] | None = None,
+    lines: Iterable[tuple[str, Binding]] = (),
+) -> None:
+    """Validate ``family``/``drop_params``/``rename_params`` on the lines of ``kind``.
+
+    The lines checked are the catalog's chain lines and ``lines``, those
+    plugins add with their catalog addresses (``prism_catalog_lines``: a
+    routing rule's own lines).  ``profiles`` are the generation's parameter
+    profiles (``generation.param_profiles``); a ``family`` not among them,
+    or meant for other provider kinds, is an error listing the known ones.
+    """
+    own = [
+        (f"models.{name}.chain[{index}]", binding)
+        for name, model in catalog.models.items()
+        for index, binding in enumerate(model.chain)
+    ]
+    for where, binding in [*own, *lines]:
+        spec = catalog.providers.get(binding.provider)
+        if spec is None or spec.kind != kind:
+            continue
+        family = binding.options.get("family")
+        if family is not None:
+            _check_family(catalog, f"{where}.family", family, kind, profiles or {})
+        drop = binding.options.get("drop_params", [])
+        if not isinstance(drop, list) or not all(isinstance(p, str) for p in drop):
+            raise ConfigError(catalog.source, f"{where}.drop_params", "expected a list of names")
+        rename = binding.options.get("rename_params", {})
+        if not isinstance(rename, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in rename.items()
+        ):
+            raise ConfigError(
+                catalog.source,
+                f"{where}.rename_params",
+                'expected a table of old = "new" names',
+            )
+
+
+def _check_family(
+    catalog: Catalog, key: str, family: Any, kind: str, profiles: Mapping[str, ParamProfile]
+) -> None:
+    usable = sorted(name for name, p in profiles.items() if not p.kinds or kind in p.kinds)
+    known = f"known families for provider kind {kind!r}: {', '.join(usable) or 'none'}"
+    if not isinstance(family, str):
+        raise ConfigError(catalog.source, key, f"expected a family name ({known})")
+    profile = profiles.get(family)
+    if profile is None:
+        raise ConfigError(catalog.source, key, f"unknown family {family!r} ({known})")
+    if profile.kinds and kind not in profile.kinds:
+        raise ConfigError(
+            catalog.source,
+            key,
+            f"family {family!r} is for provider kind {', '.join(sorted(profile.kinds))}, "
+            f"not {kind!r} ({known})",
+        )

@@ -53,7 +53,8 @@ async def health(request: web.Request) -> web.Response:
         admin = True
     except PrismError:
         admin = False
-    return _json(_breaker(request).health(with_text=admin))
+    capacity = request.app[GATEWAY].current.capacity
+    return _json(_breaker(request).health(with_text=admin, capacity=capacity.report))
 
 
 @admin_handler

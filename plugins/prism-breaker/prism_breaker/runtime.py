@@ -508,7 +508,10 @@ class Breaker:
 
     # -- health ------------------------------------------------------------------
 
-    def health(self, *, with_text: bool) -> dict[str, Any]:
+    def health(
+        self, *, with_text: bool, capacity: Callable[[Binding], dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Every binding's state; ``capacity`` adds a limited line's slots and queue."""
         now = self.clock()
         wall_now = self.wall.at(now)
         bindings = []
@@ -535,6 +538,7 @@ class Breaker:
                     else None
                 ),
                 "in_flight": h.in_flight,
+                "capacity": capacity(binding) if capacity is not None else None,
                 "consecutive_failures": h.consecutive,
                 "counts": {**dict(sorted(h.counts.items())), "stale_ignored": h.stale},
                 "window": {
