@@ -29,7 +29,7 @@ import attrs
 import pluggy
 
 from .capacity import Capacity
-from .catalog import Catalog, load_catalog
+from .catalog import Binding, Catalog, load_catalog
 from .config import Config
 from .errors import ConfigError
 from .hotpath import TRACE_ENV, Hooks, trace_hooks
@@ -185,6 +185,18 @@ class Generation:
         share: the file it writes, not the thresholds it applies.
         """
         return self.keeper.take(key, make, self.number)
+
+    def added_lines(self) -> list[tuple[str, Binding]]:
+        """Every chain line plugins add beyond the models' chains (``prism_catalog_lines``),
+        with its catalog address; asked once per generation."""
+        return self.memo(
+            "prism.added_lines",
+            lambda: [
+                line
+                for answer in self.pm.hook.prism_catalog_lines(generation=self)
+                for line in answer or ()
+            ],
+        )
 
     def memo(self, key: str, make: Callable[[], T]) -> T:
         """``make()`` once per generation: a value several of one plugin's hooks share."""

@@ -35,12 +35,9 @@ def prism_catalog_keys() -> CatalogKeys:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
-    lines = [
-        line
-        for answer in generation.pm.hook.prism_catalog_lines(generation=generation)
-        for line in answer or ()
-    ]
-    check_param_rules(generation.catalog, "anthropic", generation.param_profiles, lines)
+    check_param_rules(
+        generation.catalog, "anthropic", generation.param_profiles, generation.added_lines()
+    )
     generation.register(
         AnthropicErrors(generation.config.permanent_markers), f"{PLUGIN_NAME}.errors"
     )

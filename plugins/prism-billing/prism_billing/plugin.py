@@ -30,9 +30,7 @@ def prism_generation(generation: Generation) -> None:
     catalog = generation.catalog
     # Every line a call could be served by, a routing rule's own lines included;
     # checked even with billing off: a typo in a price is still a mistake.
-    lines = [*price_lines(catalog)]
-    for extra in generation.pm.hook.prism_catalog_lines(generation=generation):
-        lines.extend(extra or ())
+    lines = [*price_lines(catalog), *generation.added_lines()]
     prices = PriceBook.from_lines(
         catalog.source, lines, require=settings.enabled and settings.require_prices
     )

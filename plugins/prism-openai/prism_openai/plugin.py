@@ -53,9 +53,6 @@ def prism_param_profiles() -> Mapping[str, ParamProfile]:
 def prism_generation(generation: Generation) -> None:
     # Nothing per call: the provider objects are the core's; only the lines are
     # checked, the catalog's own and those other plugins add (routing rules).
-    lines = [
-        line
-        for answer in generation.pm.hook.prism_catalog_lines(generation=generation)
-        for line in answer or ()
-    ]
-    check_param_rules(generation.catalog, "openai", generation.param_profiles, lines)
+    check_param_rules(
+        generation.catalog, "openai", generation.param_profiles, generation.added_lines()
+    )

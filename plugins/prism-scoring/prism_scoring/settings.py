@@ -96,11 +96,10 @@ def read_lines(generation: Generation) -> dict[Binding, Line]:
                 current = group
             if line is not None:
                 lines[binding] = line
-    for added in generation.pm.hook.prism_catalog_lines(generation=generation):
-        for where, binding in added or ():
-            line = _line(catalog, where, binding.options)
-            if line is not None:
-                lines[binding] = line
+    for where, binding in generation.added_lines():
+        line = _line(catalog, where, binding.options)
+        if line is not None:
+            lines[binding] = line
     return lines
 
 
