@@ -22,7 +22,7 @@ from .call import (
     Usage,
     Verdict,
 )
-from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec
+from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec, is_region
 from .classification import (
     PERMANENT_MARKERS,
     find_permanent_marker,
@@ -35,6 +35,7 @@ from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
 from .generation import Generation
 from .hookimpl import hookimpl
+from .orgs import OrgSetting
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
@@ -67,6 +68,7 @@ __all__ = [
     "Generation",
     "HttpProvider",
     "ModelSpec",
+    "OrgSetting",
     "Outcome",
     "ParamProfile",
     "Principal",
@@ -93,6 +95,7 @@ __all__ = [
     "error_response",
     "find_permanent_marker",
     "hookimpl",
+    "is_region",
     "line_params",
     "load_config",
     "marker_code",

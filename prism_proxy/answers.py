@@ -184,11 +184,12 @@ async def settle(generation: Generation, call: Call) -> bool:
     if call_log.isEnabledFor(logging.INFO):
         served = settlement.served
         call_log.info(
-            "%s %s model=%r served=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
+            "%s %s model=%r served=%s region=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
             call.request_id,
             call.endpoint,
             call.model_name or "-",
             served.binding.id if served else "-",
+            (served.binding.region if served else None) or "-",
             settlement.status,
             settlement.outcome,
             settlement.error_code or "-",

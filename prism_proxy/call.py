@@ -79,6 +79,8 @@ class Principal:
     org: str | None = None
     org_tags: frozenset[str] = frozenset()
     scopes: frozenset[str] = frozenset()
+    #: The organisation's settings, parsed (see ``prism_org_settings``).
+    settings: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
 
     @property
     def anonymous(self) -> bool:

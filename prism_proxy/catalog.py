@@ -8,6 +8,7 @@ provider alone.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -18,7 +19,15 @@ import orjson
 
 from .errors import ConfigError
 
-__all__ = ["Binding", "Catalog", "CatalogKeys", "ModelSpec", "ProviderSpec", "load_catalog"]
+__all__ = [
+    "Binding",
+    "Catalog",
+    "CatalogKeys",
+    "ModelSpec",
+    "ProviderSpec",
+    "is_region",
+    "load_catalog",
+]
 
 _MODEL_KEYS = frozenset(
     {
@@ -37,8 +46,17 @@ EMPTY_POLICIES = ("return", "fallback")
 _BINDING_KEYS = frozenset({"provider", "model"})
 #: Chain-line options the core itself reads (kept in ``Binding.options``).
 _CORE_LINE_OPTIONS = frozenset(
-    {"max_output_tokens", "max_context_tokens", "capabilities", "max_concurrency", "queue_ms"}
+    {
+        "max_output_tokens",
+        "max_context_tokens",
+        "capabilities",
+        "max_concurrency",
+        "queue_ms",
+        "region",
+    }
 )
+#: A region's name, as clouds spell them (``eu-west-1``, ``europe-west4``, ``westeurope``).
+REGION_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 #: What a line may declare it can do (``capabilities``); see :mod:`prism_proxy.gate`.
 LINE_CAPABILITIES = ("tools", "vision", "json_mode", "audio")
 _TOP_KEYS = frozenset({"providers", "models"})
@@ -54,12 +72,17 @@ class CatalogKeys:
 
 @attrs.frozen(eq=False)
 class ProviderSpec:
-    """One ``[providers.<name>]`` table: the kind plus the kind's own options."""
+    """One ``[providers.<name>]`` table: the kind plus the kind's own options.
+
+    ``region`` (where the upstream serves from) is the core's, not the kind's:
+    it is not among ``options``.
+    """
 
     name: str
     kind: str
     options: Mapping[str, Any]
     source: str
+    region: str | None = None
 
     def where(self, key: str) -> str:
         return f"providers.{self.name}.{key}"
@@ -70,11 +93,15 @@ class ProviderSpec:
 
 @attrs.frozen(eq=False)
 class Binding:
-    """One catalog line: an upstream model reached through one provider."""
+    """One catalog line: an upstream model reached through one provider.
+
+    ``region`` is the line's own ``region`` option, else its provider's.
+    """
 
     provider: str
     model: str
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    region: str | None = None
 
     @property
     def id(self) -> str:
@@ -128,8 +155,17 @@ class Catalog:
             [provider, binding.model], option=orjson.OPT_SORT_KEYS, default=str
         ).decode()
 
+    def line(self, provider: str, model: str, options: Mapping[str, Any]) -> Binding:
+        """A chain line as the catalog makes them (its region resolved); for lines plugins build."""
+        spec = self.providers.get(provider)
+        region = options.get("region") or (spec.region if spec is not None else None)
+        return Binding(provider=provider, model=model, options=options, region=region)
+
     def check_line_options(self, where: str, options: Mapping[str, Any]) -> None:
         """Check the values of the line options the core reads (for lines plugins build)."""
+        region = options.get("region")
+        if region is not None and not is_region(region):
+            raise ConfigError(self.source, f"{where}.region", _REGION_PROBLEM.format(region))
         for key in ("max_output_tokens", "max_context_tokens", "max_concurrency", "queue_ms"):
             limit = options.get(key)
             if limit is not None and (type(limit) is not int or limit < 1):
@@ -166,6 +202,16 @@ class Catalog:
             "standard",
         )
         return ModelSpec(name=name, tier=tier, chain=(binding,), pinned=True, retries=0)
+
+
+_REGION_PROBLEM = (
+    "expected a region name of lowercase letters, digits and single dashes "
+    "(eu-west-1, europe-west4), got {!r}"
+)
+
+
+def is_region(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 64 and REGION_NAME.fullmatch(value) is not None
 
 
 def load_catalog(
@@ -225,8 +271,13 @@ def load_catalog(
             installed = ", ".join(sorted(known_kinds)) or "none installed"
             problem = f"unknown provider kind {kind!r} ({installed})"
             raise unknown(f"providers.{name}.kind", "kind", kind, problem)
-        options = {k: v for k, v in table.items() if k != "kind"}
-        providers[name] = ProviderSpec(name=name, kind=kind, options=options, source=source)
+        region = table.get("region")
+        if region is not None and not is_region(region):
+            raise err(f"providers.{name}.region", _REGION_PROBLEM.format(region))
+        options = {k: v for k, v in table.items() if k not in ("kind", "region")}
+        providers[name] = ProviderSpec(
+            name=name, kind=kind, options=options, source=source, region=region
+        )
 
     models: dict[str, ModelSpec] = {}
     bindings: dict[str, Binding] = {}
@@ -258,7 +309,7 @@ def load_catalog(
                 raise err(f"{where}.model", "missing: the upstream model name")
             options = {k: v for k, v in line.items() if k not in _BINDING_KEYS}
             catalog.check_line_options(where, options)
-            binding = Binding(provider=provider, model=upstream, options=options)
+            binding = catalog.line(provider, upstream, options)
             bindings.setdefault(binding.id, binding)
             chain.append(binding)
         options = {k: v for k, v in table.items() if k not in _MODEL_KEYS}

@@ -33,7 +33,14 @@ from .catalog import Binding, Catalog, load_catalog
 from .config import Config
 from .errors import ConfigError
 from .hotpath import TRACE_ENV, Hooks, trace_hooks
-from .plugins import disabled_owner, make_plugin_manager, param_profiles, provider_kinds
+from .orgs import OrgSetting
+from .plugins import (
+    disabled_owner,
+    make_plugin_manager,
+    org_settings,
+    param_profiles,
+    provider_kinds,
+)
 from .providers import ParamProfile, Provider
 from .wire import Wires, default_wires
 
@@ -123,6 +130,8 @@ class Generation:
     random: Callable[[], float] = random_module.random
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     providers: dict[str, Provider] = attrs.field(factory=dict)
+    #: The organisation settings plugins declare (``prism_org_settings``), by name.
+    org_settings: dict[str, OrgSetting] = attrs.field(factory=dict)
     #: Capacity slots of lines with ``max_concurrency``, kept across generations.
     capacity: Capacity = attrs.field(factory=Capacity)
     #: The wire formats and translations the plugins registered (``prism_wires``).
@@ -268,6 +277,7 @@ def build_generation(
     profiles = param_profiles(config, pm)
     generation = Generation(
         number=number,
+        org_settings=org_settings(config, pm),
         wires=wires,
         param_profiles=profiles,
         config=config,

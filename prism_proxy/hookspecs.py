@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .commands import Commands
     from .config import Config
     from .generation import Generation
+    from .orgs import OrgSetting
     from .providers import ParamProfile, ProviderFactory
     from .wire import Translation, Wire
 
@@ -80,6 +81,19 @@ def prism_wires() -> Iterable[Wire | Translation] | None:
     The core registers OpenAI chat and Anthropic messages this way itself.
     Called once per generation.  Fan-out; a name or pair registered twice is
     a start-up error.
+    """
+
+
+@hookspec
+def prism_org_settings() -> Iterable[OrgSetting] | None:
+    """Declare the per-organisation settings this plugin reads from ``Principal.settings``.
+
+    Each ``OrgSetting(name, parse, help)``: ``parse`` turns the stored text
+    into the value or raises ``ValueError`` naming the problem.  An auth
+    plugin that keeps organisations (prism-keys: ``prism keys org-set ORG
+    NAME=VALUE``) refuses names nobody declared and values the parser
+    refuses, and hands parsed values to every hook.  Static, asked once per
+    generation and by the CLI.  Fan-out; a name declared twice is an error.
     """
 
 

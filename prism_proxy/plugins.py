@@ -6,6 +6,7 @@ import importlib.metadata
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import cast
 
 import attrs
 import pluggy
@@ -14,6 +15,7 @@ from . import hookspecs
 from .config import Config
 from .defaults import default_plugins
 from .errors import ConfigError
+from .orgs import OrgSetting, collect_org_settings
 from .providers import ParamProfile, ProviderFactory
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "disabled_owner",
     "installed_names",
     "make_plugin_manager",
+    "org_settings",
     "param_profiles",
     "provider_kinds",
 ]
@@ -195,6 +198,20 @@ def param_profiles(config: Config, pm: pluggy.PluginManager) -> dict[str, ParamP
             owners[family] = impl.plugin_name
             profiles[family] = profile
     return profiles
+
+
+def org_settings(config: Config, pm: pluggy.PluginManager) -> dict[str, OrgSetting]:
+    """Every organisation setting the loaded plugins declare; one name twice is an error."""
+    caller = pm.hook.prism_org_settings
+    # Asked one implementation at a time, so that a clash names both plugins.
+    answers: list[tuple[str, Iterable[OrgSetting] | None]] = []
+    for impl in caller.get_hookimpls():  # in registration order
+        declared = cast("Iterable[OrgSetting] | None", impl.function())
+        answers.append((impl.plugin_name, declared))
+    try:
+        return collect_org_settings(answers)
+    except ValueError as exc:
+        raise ConfigError(config.source, "plugins", str(exc)) from None
 
 
 def _name(exc: pluggy.PluginValidationError) -> str:

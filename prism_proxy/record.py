@@ -60,6 +60,8 @@ def prism_headers(call: Call) -> dict[str, str]:
     if last is not None:
         headers["x-prism-provider"] = _header_safe(last.binding.provider)
         headers["x-prism-model"] = _header_safe(last.binding.model)
+        if last.binding.region is not None:
+            headers["x-prism-region"] = last.binding.region
         if last.params_adjusted:
             headers["x-prism-params-adjusted"] = _header_safe("; ".join(last.params_adjusted))
     headers["x-prism-attempts"] = str(len(call.attempts))

@@ -23,7 +23,7 @@ __all__ = ["SCHEMA_VERSION", "LedgerClosed", "LedgerWriter", "connect", "open_fo
 
 log = logging.getLogger("prism.billing")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
     request_id TEXT NOT NULL PRIMARY KEY,
@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS ledger (
     cost_nanos INTEGER NOT NULL,
     attempts INTEGER NOT NULL,
     duration_ms INTEGER NOT NULL,
-    usage_suspect INTEGER NOT NULL DEFAULT 0
+    usage_suspect INTEGER NOT NULL DEFAULT 0,
+    region TEXT
 );
 CREATE INDEX IF NOT EXISTS ledger_by_day ON ledger (traffic, day);
 """
@@ -85,6 +86,9 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
             conn.execute(
                 "ALTER TABLE ledger ADD COLUMN usage_suspect INTEGER NOT NULL DEFAULT 0"
             )
+        if 0 < version < 3:
+            # Version 2 predates regions: old rows name none.
+            conn.execute("ALTER TABLE ledger ADD COLUMN region TEXT")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         conn.close()

@@ -54,6 +54,8 @@ class LedgerRow:
     #: The provider's usage report could not be true (not whole numbers, more output
     #: than allowed or delivered): the counts billed are Prism's estimate instead.
     usage_suspect: bool = False
+    #: The serving line's region, when the catalog names one.
+    region: str | None = None
 
     def as_tuple(self) -> tuple[Any, ...]:
         return attrs.astuple(self, recurse=False)
@@ -124,4 +126,5 @@ def build_row(
         attempts=len(call.attempts),
         duration_ms=max(duration_ms, 0),
         usage_suspect=suspect,
+        region=served.binding.region if served else None,
     )

@@ -405,3 +405,28 @@ async def test_a_line_only_a_routing_plugin_knows_is_billed_at_its_price(
     assert (row["upstream_model"], Ledger.cost(row)) == ("rule-line", billed)
     # A price no start-up check saw and that does not parse still leaves its row.
     assert row["unpriced"] == (billed == 0)
+
+
+async def test_the_row_names_the_serving_lines_region(prism_fake, billing_gateway, ledger):
+    catalog = priced_catalog(prism_fake, ("alpha", PRICE_A))
+    catalog["providers"]["alpha"]["region"] = "eu-west-1"
+    gw = await billing_gateway(catalog)
+    raw = await chat(gw)
+    assert ledger.row(raw.headers["x-prism-request-id"])["region"] == "eu-west-1"
+
+
+def test_a_version_2_ledger_gains_the_region_column(tmp_path):
+    from prism_billing.ledger import connect
+
+    path = tmp_path / "old.sqlite"
+    conn = connect(path)
+    conn.execute("ALTER TABLE ledger DROP COLUMN region")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    conn = connect(path)
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(ledger)")}
+        assert "region" in columns
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    finally:
+        conn.close()

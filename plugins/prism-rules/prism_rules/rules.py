@@ -184,5 +184,5 @@ def _chain(
                         catalog.source, at, f"{where}.{key}: unknown key (known: {known})"
                     )
         catalog.check_line_options(f"{at} {where}", extra)
-        chain.append(Binding(provider=provider, model=upstream, options=extra))
+        chain.append(catalog.line(provider, upstream, extra))
     return tuple(chain)
