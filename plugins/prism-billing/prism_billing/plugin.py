@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from prism_proxy import CatalogKeys, Commands, Config, Generation, hookimpl
+from prism_proxy import CatalogKeys, Commands, Config, Generation, OrgSetting, hookimpl
 
+from .authorised import SETTING, PriceGate
 from .billing import PLUGIN_OBJECT, Billing, LedgerLifecycle
 from .export import add_ledger_command
 from .ledger import LedgerWriter
@@ -34,6 +35,8 @@ def prism_generation(generation: Generation) -> None:
     prices = PriceBook.from_lines(
         catalog.source, lines, require=settings.enabled and settings.require_prices
     )
+    if any(price is not None for price in prices.by_line.values()):
+        generation.register(PriceGate(prices), "billing.price-gate")
     path = settings.ledger_path
     if path is None:
         return
@@ -55,6 +58,11 @@ def prism_generation(generation: Generation) -> None:
     )
     billing = Billing(settings, prices, kept.writer, generation.clock)
     generation.register(billing, PLUGIN_OBJECT)
+
+
+@hookimpl
+def prism_org_settings() -> list[OrgSetting]:
+    return [SETTING]
 
 
 @hookimpl
