@@ -36,6 +36,7 @@ from .gateway import GATEWAY, Gateway
 from .generation import Generation
 from .hookimpl import hookimpl
 from .orgs import OrgSetting
+from .plugins import declared_org_settings
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
@@ -92,6 +93,7 @@ __all__ = [
     "check_param_rules",
     "config_from_mapping",
     "create_app",
+    "declared_org_settings",
     "error_response",
     "find_permanent_marker",
     "hookimpl",

@@ -22,6 +22,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginInfo",
     "describe_plugins",
+    "declared_org_settings",
     "disabled_owner",
     "installed_names",
     "make_plugin_manager",
@@ -212,6 +213,11 @@ def org_settings(config: Config, pm: pluggy.PluginManager) -> dict[str, OrgSetti
         return collect_org_settings(answers)
     except ValueError as exc:
         raise ConfigError(config.source, "plugins", str(exc)) from None
+
+
+def declared_org_settings(config: Config) -> dict[str, OrgSetting]:
+    """The organisation settings the plugins ``config`` loads declare (for CLI commands)."""
+    return org_settings(config, make_plugin_manager(config))
 
 
 def _name(exc: pluggy.PluginValidationError) -> str:

@@ -4,16 +4,27 @@ These hooks live on the generation's object, registered only when keys are
 configured: the core warns at start-up that the gateway is open to anyone
 when no plugin implements ``prism_authenticate``, and an
 installed-but-unconfigured prism-keys must not silence that warning.
+
+The principal a key stands for carries its organisation's settings, parsed
+with the declarations (``prism_org_settings``) of the generation serving the
+call.  They are parsed once per key-ring snapshot, not per call: a value that
+no longer parses (a declaration changed since it was set) and a name no
+loaded plugin declares are left out and logged once, never failing a call.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
+import types
 from collections.abc import Mapping
+from typing import Any
 
-from prism_proxy import Call, Endpoint, Principal, PrismError, hookimpl
+import attrs
 
-from .keyring import KeyRing
+from prism_proxy import Call, Endpoint, OrgSetting, Principal, PrismError, hookimpl
+
+from .keyring import NO_SETTINGS, ActiveKey, KeyRing, Snapshot
 from .scopes import Grants
 
 __all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "presented_key"]
@@ -27,6 +38,8 @@ INVALID_MESSAGE = (
     "or 'x-api-key: <key>'"
 )
 SCOPE_CODE = "insufficient_scope"
+
+log = logging.getLogger("prism.keys")
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
@@ -43,9 +56,84 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 class KeysAuth:
     """The hook implementations that enforce keys and scopes for one gateway."""
 
-    def __init__(self, ring: KeyRing, counters: collections.Counter[str]) -> None:
+    def __init__(
+        self,
+        ring: KeyRing,
+        counters: collections.Counter[str],
+        declarations: Mapping[str, OrgSetting] | None = None,
+    ) -> None:
         self.ring = ring
         self.counters = counters
+        #: This generation's organisation setting declarations, by name.
+        self.declarations: Mapping[str, OrgSetting] = dict(declarations or {})
+        # The parse cache: valid for one ring snapshot (compared by identity).
+        self._snapshot: Snapshot | None = None
+        self._org_settings: dict[str, Mapping[str, Any]] = {}
+        self._principals: dict[str, Principal] = {}
+        # What was already logged, so that each problem is logged once.
+        self._reported: set[tuple[str, ...]] = set()
+
+    def principal_of(self, active: ActiveKey) -> Principal:
+        """The principal ``active`` stands for, with its organisation's parsed settings."""
+        self._current()
+        key_id = active.principal.key_id or ""
+        principal = self._principals.get(key_id)
+        if principal is None:
+            settings = self.org_settings(active.principal.org or "")
+            principal = (
+                active.principal
+                if settings is NO_SETTINGS
+                else attrs.evolve(active.principal, settings=settings)
+            )
+            self._principals[key_id] = principal
+        return principal
+
+    def org_settings(self, org: str) -> Mapping[str, Any]:
+        """``org``'s settings in the ring's current snapshot, parsed (cached per snapshot)."""
+        snapshot = self._current()
+        parsed = self._org_settings.get(org)
+        if parsed is None:
+            parsed = self._parse(org, snapshot.settings.get(org) or {})
+            self._org_settings[org] = parsed
+        return parsed
+
+    def _current(self) -> Snapshot:
+        """The ring's snapshot; a new one (a refresh swapped it in) empties the cache."""
+        snapshot = self.ring.snapshot
+        if snapshot is not self._snapshot:
+            self._snapshot, self._org_settings, self._principals = snapshot, {}, {}
+        return snapshot
+
+    def _parse(self, org: str, stored: Mapping[str, str]) -> Mapping[str, Any]:
+        values: dict[str, Any] = {}
+        for name, text in stored.items():
+            declaration = self.declarations.get(name)
+            if declaration is None:
+                if ("undeclared", name) not in self._reported:
+                    self._reported.add(("undeclared", name))
+                    log.info(
+                        "keys: organisation setting %r (set for %r) is declared by no loaded "
+                        "plugin; ignored",
+                        name,
+                        org,
+                    )
+                continue
+            try:
+                values[name] = declaration.parse(text)
+            except Exception as exc:
+                # Set when it parsed; its declaration has changed since.  Names
+                # only in the log: `prism keys org-show` says what is wrong.
+                if ("invalid", org, name, text) not in self._reported:
+                    self._reported.add(("invalid", org, name, text))
+                    log.warning(
+                        "keys: organisation %r: setting %r no longer parses (%s); left out "
+                        "(see `prism keys org-show %s`)",
+                        org,
+                        name,
+                        type(exc).__name__,
+                        org,
+                    )
+        return types.MappingProxyType(values) if values else NO_SETTINGS
 
     @hookimpl
     def prism_authenticate(self, call: Call) -> Principal:
@@ -64,7 +152,7 @@ class KeysAuth:
                 f"'{endpoint}')",
             )
         call.extensions[EXTENSION] = active.grants
-        return active.principal
+        return self.principal_of(active)
 
     # tryfirst: refuse on scope before other plugins spend effort on the call.
     @hookimpl(tryfirst=True)

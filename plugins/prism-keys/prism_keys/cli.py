@@ -1,16 +1,22 @@
-"""``prism keys ...``: create, list and revoke keys; tag organisations.
+"""``prism keys ...``: create, list and revoke keys; tag organisations and set their settings.
 
-Exit status: 0 done, 1 refused (bad scope or name, unknown key id),
-2 configuration error (reported by ``prism`` itself).
+Exit status: 0 done, 1 refused (bad scope or name, unknown key id or
+organisation), 2 configuration error (reported by ``prism`` itself) or an
+organisation setting no loaded plugin declares, or a value its declaration
+refuses.
+
+The organisation settings ``org-set`` accepts are those the plugins the
+configuration loads declare (``prism_org_settings``), checked with the same
+parsers the gateway uses.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from prism_proxy import Commands, Config
+from prism_proxy import Commands, Config, OrgSetting, declared_org_settings
 
 from .scopes import ScopeError, parse_scopes
 from .settings import require_settings
@@ -45,7 +51,35 @@ def add_commands(commands: Commands) -> None:
         "--set", dest="tags", metavar="TAGS", help="comma-separated; an empty string clears"
     )
     orgs = actions.add_parser("orgs", help="list organisations with their tags")
-    for sub in (create, listing, revoke, tags, orgs):
+    org_set = actions.add_parser(
+        "org-set",
+        help="set (NAME=VALUE) or remove (--unset NAME) organisation settings that plugins declare",
+        # argparse takes no NAME=VALUE after an option that follows ORG: say the order.
+        usage="prism keys org-set ORG [NAME=VALUE ...] [--unset NAME ...]",
+    )
+    org_set.add_argument("org", metavar="ORG")
+    org_set.add_argument(
+        "assignments", nargs="*", metavar="NAME=VALUE", help="checked against the declaration"
+    )
+    org_set.add_argument(
+        "--unset", action="append", default=[], metavar="NAME", help="remove it (repeatable)"
+    )
+    org_show = actions.add_parser(
+        "org-show", help="an organisation's settings as stored, and which the plugins declare"
+    )
+    org_show.add_argument("org", metavar="ORG")
+    regions = actions.add_parser(
+        "org-regions",
+        help=f"show an organisation's {REGIONS!r} setting, or --set/--clear it "
+        f"(org-set ORG {REGIONS}=...)",
+    )
+    regions.add_argument("org", metavar="ORG")
+    change = regions.add_mutually_exclusive_group()
+    change.add_argument(
+        "--set", dest="regions", metavar="REGIONS", help="comma-separated region names"
+    )
+    change.add_argument("--clear", action="store_true", help=f"unset {REGIONS!r}")
+    for sub in (create, listing, revoke, tags, orgs, org_set, org_show, regions):
         # Also accepted after the action; SUPPRESS keeps a value given before it.
         sub.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -64,10 +98,32 @@ def _run(args: argparse.Namespace, config: Config) -> int:
             return _revoke(store, args.key_id, settings.refresh_s)
         if action == "org-tags":
             return _org_tags(store, args.org, args.tags)
+        if action == "org-set":
+            return _org_set(
+                store, config, args.org, args.assignments, args.unset, settings.refresh_s
+            )
+        if action == "org-show":
+            return _org_show(store, config, args.org)
+        if action == "org-regions":
+            if args.clear:
+                return _org_set(store, config, args.org, [], [REGIONS], settings.refresh_s, action)
+            if args.regions is not None:
+                assignment = f"{REGIONS}={args.regions}"
+                return _org_set(
+                    store, config, args.org, [assignment], [], settings.refresh_s, action
+                )
+            return _org_regions(store, args.org)
         return _orgs(store)
     except (ScopeError, InvalidName) as exc:
         print(f"prism keys {action}: {exc}", file=sys.stderr)
         return 1
+
+
+REGIONS = "regions"
+REGIONS_HINT = (
+    f"the {REGIONS!r} setting is declared by the prism-regions plugin: install it, or "
+    "enable it in the configuration"
+)
 
 
 def _split(text: str) -> list[str]:
@@ -124,6 +180,132 @@ def _org_tags(store: KeyStore, org: str, tags: str | None) -> int:
         current = store.set_org_tags(org, _split(tags))
     print(f"{org}: {','.join(current) or '(no tags)'}")
     return 0
+
+
+def _declared(config: Config) -> dict[str, OrgSetting]:
+    """The settings the plugins this configuration loads declare (as a gateway would)."""
+    return declared_org_settings(config)
+
+
+def _describe(declared: Mapping[str, OrgSetting]) -> str:
+    if not declared:
+        return "no loaded plugin declares any organisation setting"
+    listed = ", ".join(
+        f"{name} ({declared[name].help})" if declared[name].help else name
+        for name in sorted(declared)
+    )
+    return f"declared: {listed}"
+
+
+def _refusal(action: str, problem: str) -> int:
+    print(f"prism keys {action}: {problem}", file=sys.stderr)
+    return 2
+
+
+def _org_set(
+    store: KeyStore,
+    config: Config,
+    org: str,
+    assignments: Sequence[str],
+    unset: Sequence[str],
+    refresh_s: float,
+    action: str = "org-set",
+) -> int:
+    if not assignments and not unset:
+        return _refusal(action, "nothing to do: give NAME=VALUE or --unset NAME")
+    declared = _declared(config)
+    values: dict[str, str] = {}
+    for assignment in assignments:
+        name, equals, text = assignment.partition("=")
+        name = name.strip()
+        if not equals or not name:
+            return _refusal(action, f"expected NAME=VALUE, got {assignment!r}")
+        declaration = declared.get(name)
+        if declaration is None:
+            problem = f"unknown organisation setting {name!r}; {_describe(declared)}"
+            if name == REGIONS:
+                problem += f" ({REGIONS_HINT})"
+            return _refusal(action, problem)
+        if name in values:
+            return _refusal(action, f"{name} is given twice")
+        try:
+            declaration.parse(text)
+        except Exception as exc:
+            return _refusal(action, f"invalid value for {name}: {_reason(exc)}")
+        values[name] = text
+    both = sorted(set(values) & set(unset))
+    if both:
+        return _refusal(action, f"{both[0]} is both set and unset")
+    # Any stored name may be removed, declared or not (a plugin since removed).
+    removed = store.update_org_settings(org, values, unset)
+    if removed is None:
+        print(
+            f"prism keys {action}: unknown organisation {org!r} (see prism keys orgs)",
+            file=sys.stderr,
+        )
+        return 1
+    for name, text in values.items():
+        print(f"{org}: {name} = {_shown(text)}")
+    for name in dict.fromkeys(unset):
+        print(f"{org}: {name} {'unset' if name in removed else 'was not set'}")
+    if values or removed:
+        print(f"running gateways apply it within {refresh_s:g} s")
+    return 0
+
+
+def _org_show(store: KeyStore, config: Config, org: str) -> int:
+    stored = store.org_settings(org)
+    if stored is None:
+        print(
+            f"prism keys org-show: unknown organisation {org!r} (see prism keys orgs)",
+            file=sys.stderr,
+        )
+        return 1
+    declared = _declared(config)
+    if not stored:
+        print(f"{org}: no settings")
+    else:
+        rows = []
+        for name, text in stored.items():
+            declaration = declared.get(name)
+            if declaration is None:
+                status = "declared by no loaded plugin: ignored"
+            else:
+                try:
+                    declaration.parse(text)
+                    status = "ok"
+                except Exception as exc:
+                    status = f"does not parse, left out: {_reason(exc)}"
+            rows.append((name, _shown(text), status))
+        _table(("setting", "value", "status"), rows)
+    unset = [name for name in sorted(declared) if name not in stored]
+    if unset:
+        print("declared, not set:")
+        for name in unset:
+            help_text = declared[name].help
+            print(f"  {name}" + (f": {help_text}" if help_text else ""))
+    return 0
+
+
+def _org_regions(store: KeyStore, org: str) -> int:
+    stored = store.org_settings(org)
+    if stored is None:
+        print(
+            f"prism keys org-regions: unknown organisation {org!r} (see prism keys orgs)",
+            file=sys.stderr,
+        )
+        return 1
+    text = stored.get(REGIONS)
+    print(f"{org}: {REGIONS} = {_shown(text)}" if text is not None else f"{org}: {REGIONS} not set")
+    return 0
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _shown(text: str) -> str:
+    return text if text else '""'
 
 
 def _orgs(store: KeyStore) -> int:

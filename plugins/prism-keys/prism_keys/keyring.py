@@ -6,6 +6,11 @@ every ``refresh_s`` and swaps in a fresh snapshot when it changed: a key
 revoked with ``prism keys revoke`` stops working within one interval.  The
 database stays open from start-up to shutdown, so polling needs no new file
 handle and goes on working when the process has none left to give.
+
+The snapshot also holds every organisation's settings as stored (text), read
+in the same transaction as the keys; each generation's :class:`KeysAuth
+<prism_keys.auth.KeysAuth>` parses them with the declarations it was built
+with.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import types
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import attrs
 
@@ -23,9 +30,12 @@ from .scopes import Grants
 from .store import KeyStore, LoadedKey
 from .tokens import hash_matches, key_id_of
 
-__all__ = ["ActiveKey", "KeyRing", "Snapshot"]
+__all__ = ["NO_SETTINGS", "ActiveKey", "KeyRing", "Snapshot"]
 
 log = logging.getLogger("prism.keys")
+
+#: The settings of a principal whose organisation has none (read-only, shared).
+NO_SETTINGS: Mapping[str, Any] = types.MappingProxyType({})
 
 
 @attrs.frozen
@@ -43,6 +53,7 @@ class ActiveKey:
             org=row.org,
             org_tags=frozenset(row.org_tags),
             scopes=frozenset(row.scopes),
+            settings=NO_SETTINGS,
         )
         return cls(hash=row.hash, principal=principal, grants=Grants.from_scopes(row.scopes))
 
@@ -51,6 +62,8 @@ class ActiveKey:
 class Snapshot:
     revision: int
     keys: Mapping[str, ActiveKey]
+    #: Organisation settings as stored (text), by organisation then name; not parsed.
+    settings: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
 
 _EMPTY = Snapshot(revision=-1, keys={})
@@ -87,13 +100,19 @@ class KeyRing:
             generation = self.store.generation
             if revision == self.snapshot.revision and generation == self._generation:
                 return False
-            revision, rows = await asyncio.to_thread(self.store.load_active)
-            keys = {row.key_id: ActiveKey.from_loaded(row) for row in rows}
-            orgs = len({row.org for row in rows})
-            self.snapshot = Snapshot(revision=revision, keys=keys)
+            loaded = await asyncio.to_thread(self.store.load_active)
+            revision = loaded.revision
+            keys = {row.key_id: ActiveKey.from_loaded(row) for row in loaded.keys}
+            orgs = len({row.org for row in loaded.keys})
+            self.snapshot = Snapshot(revision=revision, keys=keys, settings=loaded.settings)
             self._generation = generation
+        # Counts only: setting values stay out of the log.
         log.info(
-            "keys: %d active keys in %d organisations (revision %d)", len(keys), orgs, revision
+            "keys: %d active keys in %d organisations, %d organisation settings (revision %d)",
+            len(keys),
+            orgs,
+            sum(len(names) for names in loaded.settings.values()),
+            revision,
         )
         return True
 

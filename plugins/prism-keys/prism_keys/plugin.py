@@ -29,7 +29,9 @@ def prism_generation(generation: Generation) -> None:
         ("keys", settings.db_path, settings.refresh_s),
         lambda: KeyRing(KeyStore(settings.db_path), settings.refresh_s),
     )
-    generation.register(KeysAuth(ring, generation.counters), AUTH_PLUGIN_NAME)
+    generation.register(
+        KeysAuth(ring, generation.counters, generation.org_settings), AUTH_PLUGIN_NAME
+    )
     log.info(
         "keys: API keys required, from %s (re-read every %g s)",
         settings.db_path,

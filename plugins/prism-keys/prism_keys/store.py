@@ -1,4 +1,4 @@
-"""The key database (SQLite): organisations with tags, keys with scopes and their hashes.
+"""The key database (SQLite): organisations with tags and settings, keys with scopes and hashes.
 
 Written by ``prism keys ...`` and read by the gateway's refresh task.  Every
 write bumps one revision number in the same transaction, so a gateway polls
@@ -11,6 +11,12 @@ it stops: a refresh needs no new file handle, so revocations keep taking
 effect when the process has run out of them (thousands of slow connections).
 No transaction stays open between calls, so every read sees what other
 processes committed before it began.
+
+Schema versions (``PRAGMA user_version``): 1 ``orgs``, ``keys``, ``revision``;
+2 adds ``org_settings`` (org, name, value text).  Opening a database creates
+what is missing (every statement is ``IF NOT EXISTS``), so a version 1 file
+is migrated in place the first time a newer prism-keys opens it, and a file
+made by a newer version than this one is refused.
 
 All functions are blocking; the gateway calls them from a worker thread.
 """
@@ -25,7 +31,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -36,6 +42,7 @@ from .tokens import NewKey, new_key
 __all__ = [
     "KeyRow",
     "KeyStore",
+    "Loaded",
     "LoadedKey",
     "InvalidName",
     "OrgRow",
@@ -43,7 +50,7 @@ __all__ = [
     "check_name",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orgs (
     name    TEXT PRIMARY KEY,
@@ -63,6 +70,12 @@ CREATE TABLE IF NOT EXISTS revision (
     value INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO revision (id, value) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS org_settings (
+    org   TEXT NOT NULL REFERENCES orgs(name),
+    name  TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (org, name)
+);
 """
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,63}")
 _BUSY_TIMEOUT_S = 10
@@ -118,6 +131,16 @@ class LoadedKey:
     org: str
     org_tags: tuple[str, ...]
     scopes: tuple[str, ...]
+
+
+@attrs.frozen
+class Loaded:
+    """What a gateway reads on a refresh, all from one read transaction."""
+
+    revision: int
+    keys: list[LoadedKey]
+    #: Every organisation's settings as stored (text), by organisation then name.
+    settings: dict[str, dict[str, str]]
 
 
 def _now() -> str:
@@ -271,6 +294,36 @@ class KeyStore:
             _bump(conn)
         return clean
 
+    def update_org_settings(
+        self, org: str, values: Mapping[str, str], unset: Iterable[str] = ()
+    ) -> frozenset[str] | None:
+        """Set ``values`` and remove ``unset`` for ``org``, in one transaction.
+
+        The values are stored as given: checking them against the plugins'
+        declarations is the caller's job.  Returns the names in ``unset``
+        that were set (and are now removed), or None when the organisation
+        does not exist (nothing is written then).
+        """
+        check_name("organisation", org)
+        with self._connect() as conn:
+            if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (org,)).fetchone() is None:
+                return None
+            removed = set()
+            for name in unset:
+                cursor = conn.execute(
+                    "DELETE FROM org_settings WHERE org = ? AND name = ?", (org, name)
+                )
+                if cursor.rowcount:
+                    removed.add(name)
+            conn.executemany(
+                "INSERT INTO org_settings (org, name, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (org, name) DO UPDATE SET value = excluded.value",
+                [(org, name, value) for name, value in values.items()],
+            )
+            if values or removed:
+                _bump(conn)
+        return frozenset(removed)
+
     # --- reads ---
 
     def list_keys(self, org: str | None = None) -> list[KeyRow]:
@@ -297,13 +350,27 @@ class KeyStore:
             row = conn.execute("SELECT tags FROM orgs WHERE name = ?", (org,)).fetchone()
         return None if row is None else _loads(row[0])
 
+    def org_settings(self, org: str) -> dict[str, str] | None:
+        """The organisation's settings as stored (text), or None when it does not exist."""
+        with self._connect() as conn:
+            conn.execute("BEGIN")
+            if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (org,)).fetchone() is None:
+                return None
+            rows = conn.execute(
+                "SELECT name, value FROM org_settings WHERE org = ? ORDER BY name", (org,)
+            ).fetchall()
+        return {name: value for name, value in rows}
+
     def revision(self) -> int:
         with self._connect() as conn:
             value: int = conn.execute("SELECT value FROM revision WHERE id = 1").fetchone()[0]
         return value
 
-    def load_active(self) -> tuple[int, list[LoadedKey]]:
-        """The revision and every active key with its org's tags, read in one transaction."""
+    def load_active(self) -> Loaded:
+        """The revision, every active key with its org's tags, and the orgs' settings.
+
+        Read in one transaction: keys and settings are those of the revision.
+        """
         with self._connect() as conn:
             conn.execute("BEGIN")  # a read transaction: the rows are those of the revision
             revision: int = conn.execute("SELECT value FROM revision WHERE id = 1").fetchone()[0]
@@ -311,7 +378,15 @@ class KeyStore:
                 "SELECT k.id, k.hash, k.org, o.tags, k.scopes FROM keys k "
                 "JOIN orgs o ON o.name = k.org WHERE k.revoked IS NULL"
             ).fetchall()
-        return revision, [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in rows]
+            setting_rows = conn.execute("SELECT org, name, value FROM org_settings").fetchall()
+        settings: dict[str, dict[str, str]] = {}
+        for org, name, value in setting_rows:
+            settings.setdefault(org, {})[name] = value
+        return Loaded(
+            revision=revision,
+            keys=[LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in rows],
+            settings=settings,
+        )
 
 
 def _new_connection(path: Path, *, shared: bool) -> sqlite3.Connection:
