@@ -16,14 +16,20 @@ from typing import Any
 
 import attrs
 
+from .catalog import Catalog
+
 __all__ = ["OrgSetting", "collect_org_settings"]
 
 
 @attrs.frozen
 class OrgSetting:
+    """``parse`` refuses what cannot be; ``doubts(value, catalog)`` names what looks
+    wrong against the catalog (a region no line serves): said, not refused."""
+
     name: str
     parse: Callable[[str], Any]
     help: str = ""
+    doubts: Callable[[Any, Catalog], Iterable[str]] | None = None
 
 
 def collect_org_settings(

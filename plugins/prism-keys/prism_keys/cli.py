@@ -16,7 +16,14 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from prism_proxy import Commands, Config, OrgSetting, declared_org_settings
+from prism_proxy import (
+    GATEWAY,
+    Commands,
+    Config,
+    OrgSetting,
+    create_app,
+    declared_org_settings,
+)
 
 from .scopes import ScopeError, parse_scopes
 from .settings import require_settings
@@ -246,11 +253,24 @@ def _org_set(
         return 1
     for name, text in values.items():
         print(f"{org}: {name} = {_shown(text)}")
+    _doubts(config, declared, values)
     for name in dict.fromkeys(unset):
         print(f"{org}: {name} {'unset' if name in removed else 'was not set'}")
     if values or removed:
         print(f"running gateways apply it within {refresh_s:g} s")
     return 0
+
+
+def _doubts(config: Config, declared: Mapping[str, OrgSetting], values: Mapping[str, str]) -> None:
+    """Warn (never refuse) where a value looks wrong against the catalog."""
+    checks = {name: declared[name] for name in values if declared[name].doubts is not None}
+    if not checks:
+        return
+    catalog = create_app(config)[GATEWAY].current.catalog
+    for name, setting in checks.items():
+        assert setting.doubts is not None
+        for doubt in setting.doubts(setting.parse(values[name]), catalog):
+            print(f"prism keys: warning: {name}: {doubt}", file=sys.stderr)
 
 
 def _org_show(store: KeyStore, config: Config, org: str) -> int:

@@ -25,6 +25,7 @@ from collections.abc import Generator
 from prism_proxy import (
     Binding,
     Call,
+    Catalog,
     Generation,
     ModelSpec,
     OrgSetting,
@@ -58,7 +59,17 @@ _UNSET = object()
 
 @hookimpl
 def prism_org_settings() -> list[OrgSetting]:
-    return [OrgSetting(SETTING, parse_regions, SETTING_HELP)]
+    return [OrgSetting(SETTING, parse_regions, SETTING_HELP, doubts=unserved_regions)]
+
+
+def unserved_regions(regions: frozenset[str], catalog: Catalog) -> list[str]:
+    """An organisation's regions no line of the catalog serves from (a warning, not an error)."""
+    served = {binding.region for binding in catalog.bindings.values()}
+    return [
+        f"no line of {catalog.source} serves from {region}"
+        for region in sorted(regions)
+        if region not in served
+    ]
 
 
 # trylast: this plugin's object is registered after the other plugins' objects,

@@ -146,3 +146,30 @@ async def test_regions_served_only_by_rule_lines_or_line_options_count(kit, star
         cat, plugins=["rules"], sections={"regions": {"default": "eu-south-1,eu-central-1"}}
     )
     assert [r for r in caplog.records if r.name == "prism.regions"] == []
+
+
+def test_org_regions_warns_of_a_region_no_line_serves(tmp_path, capsys):
+    """prism keys org-regions checks the value against the catalog: said, not refused."""
+    from prism_proxy.cli import main
+    from prism_proxy.testing import installed_plugins
+
+    others = sorted(set(installed_plugins()) - {"keys", "openai", "regions"})
+    (tmp_path / "prism.ini").write_text(
+        f"[prism]\ncatalog = catalog.toml\ndisable = {', '.join(others)}\n"
+        "[prism:keys]\ndb_path = keys.db\n"
+    )
+    (tmp_path / "catalog.toml").write_text(
+        '[providers.eu]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'region = "eu-west-1"\n'
+        '[models.m]\nchain = [{ provider = "eu", model = "up" }]\n'
+    )
+    ini = str(tmp_path / "prism.ini")
+    assert main(["keys", "create", "--org", "acme", "--scopes", "chat", "--config", ini]) == 0
+    capsys.readouterr()
+    status = main(
+        ["keys", "org-regions", "acme", "--set", "eu-west-1,eu-north-1", "--config", ini]
+    )
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "warning: regions: no line of" in err and "serves from eu-north-1" in err
+    assert "eu-west-1" not in err.split("serves from", 1)[1]
