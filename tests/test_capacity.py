@@ -129,3 +129,19 @@ def test_bad_capacity_settings_stop_start_up(prism_fake, line, key, problem):
         create_app(config_from_mapping({}, catalog_data=catalog(prism_fake, **line)))
     assert info.value.key == f"models.m.chain[0].{key}"
     assert problem in info.value.problem
+
+
+async def test_max_concurrency_holds_under_fifty_concurrent_calls(prism_fake, prism_gateway):
+    """Counted at the fake: never more than max_concurrency requests in flight at once."""
+    prism_fake.script("a", [Fault(first_token_delay_s=0.2)] * 50)
+    gw = await prism_gateway(
+        catalog(prism_fake, max_concurrency=5, queue_ms=30_000), load_plugins=["openai"]
+    )
+    answers = await asyncio.gather(*(chat(gw) for _ in range(50)))
+    assert [raw.headers["x-prism-provider"] for raw in answers] == ["a"] * 50
+    received = sorted(r.received_at for r in prism_fake.requests("a"))
+    assert len(received) == 50
+    # Each answer takes 0.2 s, so a sixth request can only arrive once one of
+    # the five before it is done: any six in a row span most of 0.2 s.
+    spans = [received[i + 5] - received[i] for i in range(len(received) - 5)]
+    assert min(spans) > 0.15, min(spans)

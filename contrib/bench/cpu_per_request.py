@@ -7,7 +7,7 @@ model), drives each with ``wrk -t2 -c16`` for a few seconds, non-streaming and
 streaming, and prints the process CPU time (user + system, from /proc) divided
 by the requests served.  Linux only.
 
-    python contrib/bench/cpu_per_request.py [--duration 4]
+    python contrib/bench/cpu_per_request.py [--duration 4] [--routing]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from run import write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-UPSTREAM, BARE, PRISM = 18977, 18979, 18978
+UPSTREAM, BARE, PRISM, ROUTED = 18977, 18979, 18978, 18976
 
 
 def cpu_seconds(pid: int) -> float:
@@ -56,9 +56,13 @@ def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def main(duration: int) -> None:
+async def main(duration: int, routing: bool) -> None:
     with tempfile.TemporaryDirectory() as scratch:
-        config = write_prism_config(Path(scratch), PRISM, f"http://127.0.0.1:{UPSTREAM}/s/ok/v1")
+        upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
+        config = write_prism_config(Path(scratch), PRISM, upstream_base)
+        routed_dir = Path(scratch) / "routed"
+        routed_dir.mkdir()
+        routed_config = write_prism_config(routed_dir, ROUTED, upstream_base, routing=True)
         upstream = start([BIN / "prism-fake-upstream", "--port", str(UPSTREAM)])
         bare = start(
             [
@@ -71,10 +75,14 @@ async def main(duration: int) -> None:
             ]
         )
         prism = start([BIN / "prism", "serve", "--config", config])
+        targets = [("bare proxy", bare, BARE), ("prism", prism, PRISM)]
+        if routing:
+            routed = start([BIN / "prism", "serve", "--config", routed_config])
+            targets.append(("prism+route", routed, ROUTED))
         try:
             await asyncio.sleep(3)
             for stream in (False, True):
-                for name, process, port in (("bare proxy", bare, BARE), ("prism", prism, PRISM)):
+                for name, process, port in targets:
                     before = cpu_seconds(process.pid)
                     served = await load(port, stream, duration)
                     spent = cpu_seconds(process.pid) - before
@@ -82,15 +90,20 @@ async def main(duration: int) -> None:
                     each = spent / served * 1e6
                     print(f"{kind} {name:10} {served:6d} requests  {each:5.0f} us CPU each")
         finally:
-            for process in (upstream, bare, prism):
+            for process in (upstream, *(target[1] for target in targets)):
                 process.kill()
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--duration", type=int, default=4, help="seconds of load per cell")
+    parser.add_argument(
+        "--routing",
+        action="store_true",
+        help="also measure Prism with regions, the compatibility gate and a scoring group on",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(main(args.duration))
+    asyncio.run(main(args.duration, args.routing))
 
 
 if __name__ == "__main__":

@@ -278,15 +278,44 @@ def start_bare_proxy(servers: Servers, port: int, upstream_base: str, repo: Path
     return servers.start("bare-proxy", argv, repo)
 
 
-def write_prism_config(directory: Path, port: int, upstream_base: str) -> Path:
-    (directory / "catalog.toml").write_text(
-        "[providers.upstream]\n"
-        'kind = "openai"\n'
-        f'base_url = "{upstream_base}"\n'
-        "\n"
-        f"[models.{MODEL}]\n"
-        f'chain = [ {{ provider = "upstream", model = "{MODEL}" }} ]\n'
-    )
+#: The route-selection features on (``cpu_per_request.py --routing``): both lines in one
+#: region that org-less callers are restricted to, gated by capabilities and context,
+#: and ordered as one scoring group.
+ROUTING_CATALOG = """\
+[providers.upstream]
+kind = "openai"
+base_url = "{base}"
+region = "eu-west-1"
+
+[providers.twin]
+kind = "openai"
+base_url = "{base}"
+region = "eu-west-1"
+
+[models.{model}]
+chain = [
+  {{ provider = "upstream", model = "{model}", group = "g", {gate} }},
+  {{ provider = "twin", model = "{model}", group = "g", {gate} }},
+]
+"""
+ROUTING_GATE = 'capabilities = ["tools", "vision"], max_context_tokens = 100000'
+
+
+def write_prism_config(
+    directory: Path, port: int, upstream_base: str, *, routing: bool = False
+) -> Path:
+    if routing:
+        catalog = ROUTING_CATALOG.format(base=upstream_base, model=MODEL, gate=ROUTING_GATE)
+    else:
+        catalog = (
+            "[providers.upstream]\n"
+            'kind = "openai"\n'
+            f'base_url = "{upstream_base}"\n'
+            "\n"
+            f"[models.{MODEL}]\n"
+            f'chain = [ {{ provider = "upstream", model = "{MODEL}" }} ]\n'
+        )
+    (directory / "catalog.toml").write_text(catalog)
     ini = directory / "prism.ini"
     ini.write_text(
         "[prism]\n"
@@ -295,6 +324,7 @@ def write_prism_config(directory: Path, port: int, upstream_base: str) -> Path:
         "log_level = WARNING\n"
         # Nothing is in flight when we stop it; don't wait the default 30 s.
         "shutdown_grace_s = 1\n"
+        + ("[prism:regions]\ndefault = eu-west-1\n" if routing else "")
     )
     return ini
 
