@@ -1,7 +1,8 @@
-"""prism-billing: a durable ledger that bills exactly the catalog line that served."""
+"""prism-billing: a durable ledger (SQLite or PostgreSQL) billing the line that served."""
 
 from .billing import COST_HEADER, Billing, billing_of
 from .ledger import LedgerWriter
+from .pg_ledger import PostgresLedgerWriter
 from .prices import Price, PriceBook, format_nanos, parse_price
 from .rows import LedgerRow
 
@@ -10,6 +11,7 @@ __all__ = [
     "Billing",
     "LedgerRow",
     "LedgerWriter",
+    "PostgresLedgerWriter",
     "Price",
     "PriceBook",
     "format_nanos",

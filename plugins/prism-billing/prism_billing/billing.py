@@ -6,38 +6,73 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import asyncpg
 import attrs
 
 from prism_proxy import Call, ConfigError, Generation, Settlement, hookimpl
 
 from .ledger import LedgerWriter
+from .pg_ledger import PostgresLedgerWriter, SchemaTooNew
 from .prices import PriceBook, format_nanos
 from .rows import LedgerRow, build_row
 from .settings import PLUGIN_NAME, BillingSettings
 
-__all__ = ["COST_HEADER", "PLUGIN_OBJECT", "Billing", "LedgerLifecycle", "billing_of"]
+__all__ = [
+    "COST_HEADER",
+    "PLUGIN_OBJECT",
+    "AnyLedgerWriter",
+    "Billing",
+    "LedgerLifecycle",
+    "billing_of",
+]
 
 COST_HEADER = "x-prism-cost"
 #: The name each generation's Billing is registered under.
 PLUGIN_OBJECT = "billing.ledger"
+#: Either ledger's writer: both have ``start``, ``record(row)`` and ``close``.
+AnyLedgerWriter = LedgerWriter | PostgresLedgerWriter
+#: What opening a PostgreSQL ledger can fail with: refused or unreachable (OSError,
+#: timeouts), refused by the server (auth, no such database), a newer schema.
+_PG_OPEN_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    SchemaTooNew,
+)
 
 
 @attrs.define(eq=False)
 class LedgerLifecycle:
     """The ledger writer as a kept object: opened before the first call, closed last."""
 
-    writer: LedgerWriter
+    writer: AnyLedgerWriter
     source: str
 
     async def lifecycle(self) -> AsyncIterator[None]:
+        writer = self.writer
+        if isinstance(writer, PostgresLedgerWriter):
+            try:
+                await writer.start()
+            except _PG_OPEN_ERRORS as exc:
+                await writer.close()
+                # asyncpg's messages name host, database and user, never the password.
+                raise ConfigError(
+                    self.source,
+                    f"[prism:{PLUGIN_NAME}] ledger_url",
+                    f"cannot open the ledger {writer.name}: {type(exc).__name__}: {exc}",
+                ) from None
+            yield
+            await writer.close()
+            return
         try:
-            await self.writer.start()
+            await writer.start()
         except (sqlite3.Error, OSError) as exc:
-            await self.writer.close()
+            await writer.close()
             raise ConfigError(
                 self.source,
                 f"[prism:{PLUGIN_NAME}] ledger_path",
-                f"cannot open the ledger {self.writer.path}: {exc}",
+                f"cannot open the ledger {writer.path}: {exc}",
             ) from None
         yield
         await self.writer.close()
@@ -49,7 +84,7 @@ class Billing:
 
     settings: BillingSettings
     prices: PriceBook
-    writer: LedgerWriter
+    writer: AnyLedgerWriter
     #: Monotonic seconds, for a call's duration (the generation's clock).
     clock: Callable[[], float] = time.monotonic
     #: Wall-clock seconds for row timestamps and days; tests inject their own.

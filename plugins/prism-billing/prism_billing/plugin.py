@@ -1,8 +1,9 @@
 """The prism_proxy entry point ``billing``.
 
-Billing is on only when ``[prism:billing] ledger_path`` is set.  Each
-generation gets its own :class:`Billing` (settings, prices); the ledger
-writer is kept across generations, one per ledger file.
+Billing is on only when ``[prism:billing] ledger_path`` (a SQLite file) or
+``ledger_url`` (a PostgreSQL database) is set.  Each generation gets its own
+:class:`Billing` (settings, prices); the ledger writer is kept across
+generations, one per ledger.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .authorised import SETTING, PriceGate
 from .billing import PLUGIN_OBJECT, Billing, LedgerLifecycle
 from .export import add_ledger_command
 from .ledger import LedgerWriter
+from .pg_ledger import PostgresLedgerWriter
 from .prices import PriceBook, price_lines
 from .settings import BillingSettings
 from .usage_api import USAGE_PATH, usage_handler
@@ -37,6 +39,21 @@ def prism_generation(generation: Generation) -> None:
     )
     if any(price is not None for price in prices.by_line.values()):
         generation.register(PriceGate(prices), "billing.price-gate")
+    url = settings.ledger_url
+    if url is not None:
+        # One writer (one pool) per database and batch size, kept across reloads
+        # like the SQLite writer.
+        pg = generation.keep(
+            ("billing", url, settings.max_batch_rows),
+            lambda: LedgerLifecycle(
+                PostgresLedgerWriter(
+                    url, max_batch_rows=settings.max_batch_rows, counters=generation.counters
+                ),
+                settings.source,
+            ),
+        )
+        generation.register(Billing(settings, prices, pg.writer, generation.clock), PLUGIN_OBJECT)
+        return
     path = settings.ledger_path
     if path is None:
         return

@@ -4,24 +4,42 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 
 import attrs
 
-from prism_proxy import Config
+from prism_proxy import Config, Section
 
-__all__ = ["PLUGIN_NAME", "BillingSettings"]
+__all__ = ["PLUGIN_NAME", "BillingSettings", "redact_url"]
 
 PLUGIN_NAME = "billing"
-_KEYS = ("ledger_path", "currency", "require_prices", "synchronous", "max_batch_rows")
+_KEYS = ("ledger_path", "ledger_url", "currency", "require_prices", "synchronous", "max_batch_rows")
 _CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
+_PG_SCHEMES = ("postgresql", "postgres")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: safe to log or show."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rpartition("@")
+        userinfo = netloc[0].partition(":")[0] + ":***"
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[2]}"))
+    except ValueError:
+        # Unparsable (a bad port, say): show no more than the scheme.
+        return url.partition("://")[0] + "://***"
 
 
 @attrs.frozen
 class BillingSettings:
-    """What the operator configured; ``ledger_path`` None means billing is off."""
+    """What the operator configured; neither ``ledger_path`` nor ``ledger_url`` means off."""
 
     ledger_path: Path | None
+    #: A ``postgresql://`` URL: the ledger lives in PostgreSQL instead of a SQLite file.
+    ledger_url: str | None = None
     #: The configuration file, for error messages.
     source: str = "<config>"
     currency: str = "USD"
@@ -32,7 +50,19 @@ class BillingSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.ledger_path is not None
+        return self.ledger_path is not None or self.ledger_url is not None
+
+    @property
+    def ledger_name(self) -> str:
+        """The ledger as it may be shown: the file, or the URL without its password."""
+        if self.ledger_url is not None:
+            return redact_url(self.ledger_url)
+        return str(self.ledger_path)
+
+    @property
+    def ledger_key(self) -> str:
+        """The setting that names the ledger, for error messages."""
+        return f"[prism:{PLUGIN_NAME}] " + ("ledger_url" if self.ledger_url else "ledger_path")
 
     @classmethod
     def from_config(cls, config: Config, *, check_dir: bool = True) -> BillingSettings:
@@ -53,6 +83,15 @@ class BillingSettings:
             max_batch_rows=section.get_int("max_batch_rows", 1000, min=1, max=100_000),
         )
         raw = section.get_str("ledger_path")
+        url = section.get_str("ledger_url")
+        if url:
+            if raw:
+                raise section.error(
+                    "ledger_url",
+                    "ledger_path is set too: name one ledger, a SQLite file (ledger_path) "
+                    "or a PostgreSQL database (ledger_url), not both",
+                )
+            return attrs.evolve(settings, ledger_url=_check_url(section, url))
         if not raw:
             return settings
         path = Path(raw).expanduser()
@@ -67,3 +106,19 @@ class BillingSettings:
             if path.exists() and not path.is_file():
                 raise section.error("ledger_path", f"{path} is not a file")
         return attrs.evolve(settings, ledger_path=path)
+
+
+def _check_url(section: Section, url: str) -> str:
+    """A ``postgresql://`` (or ``postgres://``) URL, or a ConfigError naming ``ledger_url``."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in _PG_SCHEMES:
+        raise section.error(
+            "ledger_url",
+            f"expected a postgresql:// or postgres:// URL, got {redact_url(url)!r}",
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - a bad port raises here, not at the first commit
+    except ValueError as exc:
+        raise section.error("ledger_url", f"{redact_url(url)}: {exc}") from None
+    return url

@@ -7,13 +7,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from aiohttp import web
 
 from prism_proxy import GATEWAY, PrismError, admin_handler
 
 from .billing import billing_of
 from .ledger import open_for_reading
-from .queries import DIMENSIONS, TRAFFIC_KINDS, Filters, parse_day, totals
+from .pg_ledger import PostgresLedgerWriter
+from .queries import DIMENSIONS, TRAFFIC_KINDS, Filters, parse_day, pg_totals, totals
 
 __all__ = ["DEFAULT_GROUP_BY", "USAGE_PATH", "parse_usage_query", "usage_handler"]
 
@@ -81,15 +83,39 @@ def _read(
         conn.close()
 
 
+async def _read_pg(
+    writer: PostgresLedgerWriter, filters: Filters, group_by: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Totals from the PostgreSQL ledger, on a connection from the writer's pool."""
+    pool = writer.pool
+    if pool is None:
+        raise PrismError(503, "ledger_unavailable", "the ledger is not open")
+    try:
+        async with pool.acquire(timeout=writer.timeout_s) as conn:
+            return await pg_totals(conn, filters, group_by)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise PrismError(
+            503,
+            "ledger_unavailable",
+            f"cannot read the ledger {writer.name}: {type(exc).__name__}",
+        ) from None
+
+
 @admin_handler
 async def usage_handler(request: web.Request) -> web.StreamResponse:
     billing = billing_of(request.app[GATEWAY].current)
-    if billing is None or billing.settings.ledger_path is None:
+    if billing is None or not billing.settings.enabled:
         raise PrismError(
-            404, "billing_off", "billing is off: set [prism:billing] ledger_path to enable it"
+            404,
+            "billing_off",
+            "billing is off: set [prism:billing] ledger_path or ledger_url to enable it",
         )
     filters, group_by = parse_usage_query(request.query)
-    groups, total = await asyncio.to_thread(_read, billing.settings.ledger_path, filters, group_by)
+    writer = billing.writer
+    if isinstance(writer, PostgresLedgerWriter):
+        groups, total = await _read_pg(writer, filters, group_by)
+    else:
+        groups, total = await asyncio.to_thread(_read, writer.path, filters, group_by)
     return web.json_response(
         {
             "currency": billing.settings.currency,
