@@ -6,6 +6,7 @@ import argparse
 import importlib.metadata
 import importlib.resources
 import logging
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,12 +21,14 @@ from .config import (
     config_from_mapping,
     listen_address,
     load_config,
+    worker_count,
 )
 from .errors import ConfigError
 from .gateway import GATEWAY
 from .plugins import describe_plugins, make_plugin_manager
 from .scaffold import add_scaffold_command
 from .server import LISTEN_SOCKETS, CannotListen, Listening, bind, close_sockets, run, serve
+from .workers import Supervisor
 
 __all__ = ["main"]
 
@@ -83,6 +86,13 @@ def _main(argv: list[str]) -> int:
         metavar="HOST:PORT",
         help="listen here instead of [prism] listen",
     )
+    serve_parser.add_argument(
+        "--workers",
+        metavar="N",
+        help="run N gateway processes on the port (auto: one per CPU); [prism] workers",
+    )
+    # A worker of `--workers`: the listening sockets it inherits from its supervisor.
+    serve_parser.add_argument("--worker-fds", help=argparse.SUPPRESS)
     commands.add(
         "check", "validate the configuration and the catalog, then exit", lambda a, c: _check(c)
     )
@@ -147,9 +157,20 @@ def _logging(config: Config) -> None:
 def _serve(args: argparse.Namespace, config: Config) -> int:
     if args.listen is not None:
         config.listen = args.listen
+    if args.workers is not None:
+        try:
+            config.workers = worker_count(args.workers)
+        except ValueError as exc:
+            print(f"prism serve: --workers: {exc}", file=sys.stderr)
+            return 2
     _logging(config)
-    # The port first: a busy one stops here, before any plugin opens a file or a pool.
-    sockets = bind(config.listen.host, config.listen.port)
+    if args.worker_fds:
+        sockets = [socket.socket(fileno=int(fd)) for fd in args.worker_fds.split(",")]
+    else:
+        # The port first: a busy one stops here, before any plugin opens a file or a pool.
+        sockets = bind(config.listen.host, config.listen.port)
+        if config.workers > 1:
+            return _supervise(args, config, sockets)
     try:
         warning = admin_token_unset(config)
         if warning is not None:
@@ -161,6 +182,33 @@ def _serve(args: argparse.Namespace, config: Config) -> int:
         raise
     run(serve(app, config))
     return 0
+
+
+def _supervise(args: argparse.Namespace, config: Config, sockets: list[socket.socket]) -> int:
+    """Start ``config.workers`` workers on ``sockets``, once every plugin says it is sound."""
+    try:
+        generation = create_app(config)[GATEWAY].current
+        refusals = [
+            reason
+            for reason in generation.pm.hook.prism_workers(
+                generation=generation, count=config.workers
+            )
+            if reason
+        ]
+        if refusals:
+            raise ConfigError(config.source, "[prism] workers", "; ".join(refusals))
+        listen = f"{config.listen.host}:{config.listen.port}" if args.listen else None
+        supervisor = Supervisor(config, config.workers, sockets, listen=listen)
+        status = 0
+
+        async def main() -> None:
+            nonlocal status
+            status = await supervisor.run()
+
+        run(main())
+        return status
+    finally:
+        close_sockets(sockets)
 
 
 def _check(config: Config) -> int:

@@ -50,6 +50,7 @@ CORE_KEYS = frozenset(
         "call_budget_ms",
         "cross_tier_fallback",
         "admin_token_env",
+        "workers",
         "header_timeout_s",
         "keepalive_timeout_s",
         "max_connections",
@@ -203,6 +204,8 @@ class Config:
     keepalive_timeout_s: float = 75.0
     #: Connections accepted at once; None: 90% of the open-file soft limit.
     max_connections: int | None = None
+    #: ``prism serve`` processes on the port (``auto``: one per CPU).
+    workers: int = 1
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
 
@@ -389,6 +392,11 @@ def config_from_mapping(
     )
     if "max_connections" in core:
         config.max_connections = core.get_int("max_connections", 0, min=1)
+    if "workers" in core:
+        try:
+            config.workers = worker_count(core.values["workers"])
+        except ValueError as exc:
+            raise core.error("workers", str(exc)) from None
     token_env = core.get_str("admin_token_env")
     if token_env:
         # An unset variable is no error here: `prism serve` warns that the
@@ -406,6 +414,23 @@ def admin_token_unset(config: Config) -> str | None:
         f"{config.source}: [prism] admin_token_env: {config.admin_token_env} is not set; "
         "the admin API stays off"
     )
+
+
+def worker_count(value: Any) -> int:
+    """``N``, or ``auto`` for the number of CPUs; raises ValueError for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        count = value
+    else:
+        text = str(value).strip().lower()
+        if text == "auto":
+            return os.cpu_count() or 1
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(f"expected a number of workers or auto, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"expected at least 1 worker, got {count}")
+    return count
 
 
 def parse_listen(section: Section, value: str) -> Listen:

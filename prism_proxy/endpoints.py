@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import orjson
@@ -344,6 +345,7 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "ready",
+            "pid": os.getpid(),
             "generation": generation.number,
             "plugins": generation.loaded(),
             "disabled": sorted(generation.config.disable),

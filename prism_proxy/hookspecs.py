@@ -140,6 +140,19 @@ def prism_catalog_lines(generation: Generation) -> Iterable[tuple[str, Binding]]
 
 
 @hookspec
+def prism_workers(generation: Generation, count: int) -> str | None:
+    """May this plugin's state be split across ``count`` processes of ``prism serve``?
+
+    Asked once, before ``prism serve --workers N`` (N > 1) starts its workers,
+    with a generation built from the configuration (not started).  Return
+    None when every worker keeping its own copy is sound (a key ring each
+    worker reads, a ledger each worker writes into), or a sentence saying why
+    it is not (a breaker's health and trial slots kept in one process):
+    start-up then stops with it.  Fan-out.
+    """
+
+
+@hookspec
 def prism_cli(commands: Commands) -> None:
     """Add subcommands to the ``prism`` command line (``prism breaker ...``).
 

@@ -49,6 +49,18 @@ def prism_generation(generation: Generation) -> None:
 
 
 @hookimpl
+def prism_workers(generation: Generation, count: int) -> str | None:
+    if generation.plugin(RUNTIME_NAME) is None:
+        return None
+    return (
+        f"prism-breaker keeps each binding's health and its one trial caller in one "
+        f"process; {count} workers would each keep their own and let {count} trial callers "
+        "through. Run one worker, or disable the breaker ([prism] disable = breaker) until "
+        "its state can be shared"
+    )
+
+
+@hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
     add_routes(app)
 
