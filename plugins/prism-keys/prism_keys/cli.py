@@ -16,6 +16,8 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
+import asyncpg
+
 from prism_proxy import (
     GATEWAY,
     Commands,
@@ -25,9 +27,13 @@ from prism_proxy import (
     declared_org_settings,
 )
 
+from .pg_store import SchemaTooNew, SyncPgKeyStore
 from .scopes import ScopeError, parse_scopes
 from .settings import require_settings
 from .store import InvalidName, KeyStore, Revoked
+
+#: The SQLite file (``db_path``) or the PostgreSQL database (``db_url``).
+Store = KeyStore | SyncPgKeyStore
 
 __all__ = ["add_commands"]
 
@@ -93,7 +99,29 @@ def add_commands(commands: Commands) -> None:
 
 def _run(args: argparse.Namespace, config: Config) -> int:
     settings = require_settings(config)
-    store = KeyStore(settings.db_path)
+    action: str = args.keys_action
+    if settings.db_url is None:
+        assert settings.db_path is not None
+        return _act(args, config, KeyStore(settings.db_path), settings.refresh_s)
+    store = SyncPgKeyStore(settings.db_url)
+    try:
+        return _act(args, config, store, settings.refresh_s)
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        SchemaTooNew,
+    ) as exc:
+        # The URL shown without its password; asyncpg's messages do not hold it.
+        print(
+            f"prism keys {action}: PostgreSQL at {store.name}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _act(args: argparse.Namespace, config: Config, store: Store, refresh_s: float) -> int:
     store.ensure_schema()
     action: str = args.keys_action
     try:
@@ -102,23 +130,19 @@ def _run(args: argparse.Namespace, config: Config) -> int:
         if action == "list":
             return _list(store, args.org)
         if action == "revoke":
-            return _revoke(store, args.key_id, settings.refresh_s)
+            return _revoke(store, args.key_id, refresh_s)
         if action == "org-tags":
             return _org_tags(store, args.org, args.tags)
         if action == "org-set":
-            return _org_set(
-                store, config, args.org, args.assignments, args.unset, settings.refresh_s
-            )
+            return _org_set(store, config, args.org, args.assignments, args.unset, refresh_s)
         if action == "org-show":
             return _org_show(store, config, args.org)
         if action == "org-regions":
             if args.clear:
-                return _org_set(store, config, args.org, [], [REGIONS], settings.refresh_s, action)
+                return _org_set(store, config, args.org, [], [REGIONS], refresh_s, action)
             if args.regions is not None:
                 assignment = f"{REGIONS}={args.regions}"
-                return _org_set(
-                    store, config, args.org, [assignment], [], settings.refresh_s, action
-                )
+                return _org_set(store, config, args.org, [assignment], [], refresh_s, action)
             return _org_regions(store, args.org)
         return _orgs(store)
     except (ScopeError, InvalidName) as exc:
@@ -137,7 +161,7 @@ def _split(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def _create(store: KeyStore, org: str, scopes: Sequence[str]) -> int:
+def _create(store: Store, org: str, scopes: Sequence[str]) -> int:
     checked = parse_scopes(scopes)
     made = store.create_key(org, checked)
     print(f"key id:  {made.key_id}")
@@ -148,7 +172,7 @@ def _create(store: KeyStore, org: str, scopes: Sequence[str]) -> int:
     return 0
 
 
-def _list(store: KeyStore, org: str | None) -> int:
+def _list(store: Store, org: str | None) -> int:
     rows = [
         (
             r.key_id,
@@ -163,7 +187,7 @@ def _list(store: KeyStore, org: str | None) -> int:
     return 0
 
 
-def _revoke(store: KeyStore, key_id: str, refresh_s: float) -> int:
+def _revoke(store: Store, key_id: str, refresh_s: float) -> int:
     result = store.revoke(key_id)
     if result is Revoked.UNKNOWN:
         print(
@@ -177,7 +201,7 @@ def _revoke(store: KeyStore, key_id: str, refresh_s: float) -> int:
     return 0
 
 
-def _org_tags(store: KeyStore, org: str, tags: str | None) -> int:
+def _org_tags(store: Store, org: str, tags: str | None) -> int:
     if tags is None:
         current = store.org_tags(org)
         if current is None:
@@ -210,7 +234,7 @@ def _refusal(action: str, problem: str) -> int:
 
 
 def _org_set(
-    store: KeyStore,
+    store: Store,
     config: Config,
     org: str,
     assignments: Sequence[str],
@@ -273,7 +297,7 @@ def _doubts(config: Config, declared: Mapping[str, OrgSetting], values: Mapping[
             print(f"prism keys: warning: {name}: {doubt}", file=sys.stderr)
 
 
-def _org_show(store: KeyStore, config: Config, org: str) -> int:
+def _org_show(store: Store, config: Config, org: str) -> int:
     stored = store.org_settings(org)
     if stored is None:
         print(
@@ -307,7 +331,7 @@ def _org_show(store: KeyStore, config: Config, org: str) -> int:
     return 0
 
 
-def _org_regions(store: KeyStore, org: str) -> int:
+def _org_regions(store: Store, org: str) -> int:
     stored = store.org_settings(org)
     if stored is None:
         print(
@@ -328,7 +352,7 @@ def _shown(text: str) -> str:
     return text if text else '""'
 
 
-def _orgs(store: KeyStore) -> int:
+def _orgs(store: Store) -> int:
     rows = [
         (o.name, ",".join(o.tags) or "-", str(o.active_keys), o.created) for o in store.list_orgs()
     ]

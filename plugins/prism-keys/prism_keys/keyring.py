@@ -3,7 +3,10 @@
 Authentication is a synchronous decision hook, so it reads this snapshot and
 never touches the database.  A background task polls the database's revision
 every ``refresh_s`` and swaps in a fresh snapshot when it changed: a key
-revoked with ``prism keys revoke`` stops working within one interval.  The
+revoked with ``prism keys revoke`` stops working within one interval.  With
+a PostgreSQL database (``db_url``) the ring also LISTENs for the ``NOTIFY``
+every change sends and refreshes at once; the poll stays as the fallback
+(and re-LISTENs when that connection was lost).  The
 database stays open from start-up to shutdown, so polling needs no new file
 handle and goes on working when the process has none left to give.
 
@@ -26,8 +29,9 @@ import attrs
 
 from prism_proxy import Principal
 
+from .pg_store import PgKeyStore
 from .scopes import Grants
-from .store import KeyStore, LoadedKey
+from .store import KeyStore, Loaded, LoadedKey
 from .tokens import hash_matches, key_id_of
 
 __all__ = ["NO_SETTINGS", "ActiveKey", "KeyRing", "Snapshot"]
@@ -71,7 +75,7 @@ _EMPTY = Snapshot(revision=-1, keys={})
 
 @attrs.define(eq=False)
 class KeyRing:
-    store: KeyStore
+    store: KeyStore | PgKeyStore
     refresh_s: float
     #: Replaced whole on refresh, never mutated: readers need no lock.
     snapshot: Snapshot = _EMPTY
@@ -79,6 +83,27 @@ class KeyRing:
     _refresh_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     #: The store's connection generation the snapshot was read from.
     _generation: int = attrs.field(default=-1, init=False)
+    #: Set by a PostgreSQL notification (a change committed): the poll runs at once.
+    _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    #: Whether the last attempt to LISTEN failed (logged once until it works again).
+    _listen_failed: bool = attrs.field(default=False, init=False)
+
+    @property
+    def source(self) -> str:
+        """The key database as it may be logged (never a password)."""
+        if isinstance(self.store, PgKeyStore):
+            return self.store.name
+        return str(self.store.path)
+
+    async def _revision(self) -> int:
+        if isinstance(self.store, PgKeyStore):
+            return await self.store.revision()
+        return await asyncio.to_thread(self.store.revision)
+
+    async def _load(self) -> Loaded:
+        if isinstance(self.store, PgKeyStore):
+            return await self.store.load_active()
+        return await asyncio.to_thread(self.store.load_active)
 
     def verify(self, presented: str | None) -> ActiveKey | None:
         """The active key ``presented`` is, or None (missing, malformed, unknown, revoked)."""
@@ -96,11 +121,11 @@ class KeyRing:
         Raises what reading the database raises; the snapshot is then unchanged.
         """
         async with self._refresh_lock:
-            revision = await asyncio.to_thread(self.store.revision)
+            revision = await self._revision()
             generation = self.store.generation
             if revision == self.snapshot.revision and generation == self._generation:
                 return False
-            loaded = await asyncio.to_thread(self.store.load_active)
+            loaded = await self._load()
             revision = loaded.revision
             keys = {row.key_id: ActiveKey.from_loaded(row) for row in loaded.keys}
             orgs = len({row.org for row in loaded.keys})
@@ -129,7 +154,7 @@ class KeyRing:
             # not take the gateway down, but the operator has to hear about it.
             log.error(
                 "keys: cannot re-read %s (%s: %s); still using revision %d",
-                self.store.path,
+                self.source,
                 type(exc).__name__,
                 exc,
                 self.snapshot.revision,
@@ -145,14 +170,18 @@ class KeyRing:
     async def lifecycle(self) -> AsyncIterator[None]:
         """Open the database and load before serving (a failure stops start-up), then
         poll on that one connection until the last generation using the ring stops."""
-        await asyncio.to_thread(self.store.open)
+        if isinstance(self.store, PgKeyStore):
+            await self.store.open()
+        else:
+            await asyncio.to_thread(self.store.open)
         try:
+            await self._ensure_listening()
             await self.refresh()
             if not self.snapshot.keys:
                 log.warning(
                     "keys: no active API keys in %s: every call gets 401 until you run "
                     "`prism keys create`",
-                    self.store.path,
+                    self.source,
                 )
             self._refreshed = asyncio.Event()
             task = asyncio.create_task(self._poll(), name="prism-keys-refresh")
@@ -164,12 +193,47 @@ class KeyRing:
                     await task
                 self._refreshed = None
         finally:
-            # Waits for a read still running in a worker thread (a cancelled poll's).
-            await asyncio.to_thread(self.store.close)
+            if isinstance(self.store, PgKeyStore):
+                await self.store.close()
+            else:
+                # Waits for a read still running in a worker thread (a cancelled poll's).
+                await asyncio.to_thread(self.store.close)
+
+    async def _ensure_listening(self) -> None:
+        """(PostgreSQL.)  LISTEN for changes, again if the connection was lost.
+
+        A failure is logged (once until it works again) and leaves the poll
+        every ``refresh_s`` in charge; the next poll tries again.
+        """
+        store = self.store
+        if not isinstance(store, PgKeyStore) or store.listening:
+            return
+        try:
+            await store.listen(self._wake.set)
+        except Exception as exc:
+            if not self._listen_failed:
+                self._listen_failed = True
+                log.warning(
+                    "keys: cannot LISTEN for changes on %s (%s: %s); re-reading every %g s",
+                    self.source,
+                    type(exc).__name__,
+                    exc,
+                    self.refresh_s,
+                )
+            return
+        if self._listen_failed:
+            self._listen_failed = False
+            log.info("keys: listening for changes on %s again", self.source)
+        if self._refreshed is not None:
+            # Listening again: changes made while nobody listened are read now.
+            self._wake.set()
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self.refresh_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.refresh_s)
+            self._wake.clear()
+            await self._ensure_listening()
             await self.refresh_now()
             event, self._refreshed = self._refreshed, asyncio.Event()
             if event is not None:

@@ -9,6 +9,7 @@ from prism_proxy import Commands, Generation, hookimpl
 from .auth import AUTH_PLUGIN_NAME, KeysAuth
 from .cli import add_commands
 from .keyring import KeyRing
+from .pg_store import PgKeyStore
 from .settings import KeysSettings
 from .store import KeyStore
 
@@ -26,17 +27,24 @@ def prism_generation(generation: Generation) -> None:
         return
     # One ring per key database: a reload keeps the keys it loaded and its poll.
     ring = generation.keep(
-        ("keys", settings.db_path, settings.refresh_s),
-        lambda: KeyRing(KeyStore(settings.db_path), settings.refresh_s),
+        ("keys", settings.ident, settings.refresh_s), lambda: _new_ring(settings)
     )
     generation.register(
         KeysAuth(ring, generation.counters, generation.org_settings), AUTH_PLUGIN_NAME
     )
     log.info(
-        "keys: API keys required, from %s (re-read every %g s)",
-        settings.db_path,
+        "keys: API keys required, from %s (re-read every %g s%s)",
+        settings.name,
         settings.refresh_s,
+        ", and at once on NOTIFY" if settings.db_url is not None else "",
     )
+
+
+def _new_ring(settings: KeysSettings) -> KeyRing:
+    if settings.db_url is not None:
+        return KeyRing(PgKeyStore(settings.db_url), settings.refresh_s)
+    assert settings.db_path is not None
+    return KeyRing(KeyStore(settings.db_path), settings.refresh_s)
 
 
 @hookimpl
