@@ -30,7 +30,7 @@ from .classification import (
     parse_retry_after,
 )
 from .commands import Command, Commands
-from .config import Config, Section, config_from_mapping, load_config
+from .config import Config, Section, config_from_mapping, load_config, redact_url
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
 from .generation import Generation
@@ -103,5 +103,6 @@ __all__ = [
     "marker_code",
     "normalise_params",
     "parse_retry_after",
+    "redact_url",
     "require_admin",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import configparser
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,20 @@ CORE_KEYS = frozenset(
         "max_connections",
     }
 )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: safe to log or show."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    except ValueError:
+        # Unparsable (a bad port, say): show no more than the scheme.
+        return url.partition("://")[0] + "://***"
 
 
 @attrs.define
@@ -150,6 +165,20 @@ class Section:
         if isinstance(value, list) and all(isinstance(item, str) for item in value):
             return tuple(item.strip() for item in value)
         raise self.error(key, f"expected a list of names, got {value!r}")
+
+    def check_postgres_url(self, key: str, url: str) -> str:
+        """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; else an error
+        naming ``key`` that shows the URL without its password."""
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme not in ("postgresql", "postgres"):
+            raise self.error(
+                key, f"expected a postgresql:// or postgres:// URL, got {redact_url(url)!r}"
+            )
+        try:
+            urllib.parse.urlsplit(url).port  # noqa: B018 - a bad port raises here, not later
+        except ValueError as exc:
+            raise self.error(key, f"{redact_url(url)}: {exc}") from None
+        return url
 
     def _bounds(self, key: str, value: float, lo: float | None, hi: float | None) -> None:
         if lo is not None and value < lo:

@@ -18,10 +18,11 @@ from typing import Any
 
 import asyncpg
 
+from prism_proxy import redact_url
+
 from .ledger import LedgerClosed
 from .queries import PgConnection
 from .rows import COLUMNS, LedgerRow
-from .settings import redact_url
 
 __all__ = ["PG_SCHEMA_VERSION", "PostgresLedgerWriter", "ensure_schema"]
 

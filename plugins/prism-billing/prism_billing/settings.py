@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-import urllib.parse
 from pathlib import Path
 
 import attrs
 
-from prism_proxy import Config, Section
+from prism_proxy import Config, redact_url
 
-__all__ = ["PLUGIN_NAME", "BillingSettings", "redact_url"]
+__all__ = ["PLUGIN_NAME", "BillingSettings"]
 
 PLUGIN_NAME = "billing"
 _KEYS = ("ledger_path", "ledger_url", "currency", "require_prices", "synchronous", "max_batch_rows")
 _CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
-_PG_SCHEMES = ("postgresql", "postgres")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: safe to log or show."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rpartition("@")
-        userinfo = netloc[0].partition(":")[0] + ":***"
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{netloc[2]}"))
-    except ValueError:
-        # Unparsable (a bad port, say): show no more than the scheme.
-        return url.partition("://")[0] + "://***"
 
 
 @attrs.frozen
@@ -91,7 +75,7 @@ class BillingSettings:
                     "ledger_path is set too: name one ledger, a SQLite file (ledger_path) "
                     "or a PostgreSQL database (ledger_url), not both",
                 )
-            return attrs.evolve(settings, ledger_url=_check_url(section, url))
+            return attrs.evolve(settings, ledger_url=section.check_postgres_url("ledger_url", url))
         if not raw:
             return settings
         path = Path(raw).expanduser()
@@ -108,17 +92,3 @@ class BillingSettings:
         return attrs.evolve(settings, ledger_path=path)
 
 
-def _check_url(section: Section, url: str) -> str:
-    """A ``postgresql://`` (or ``postgres://``) URL, or a ConfigError naming ``ledger_url``."""
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in _PG_SCHEMES:
-        raise section.error(
-            "ledger_url",
-            f"expected a postgresql:// or postgres:// URL, got {redact_url(url)!r}",
-        )
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - a bad port raises here, not at the first commit
-    except ValueError as exc:
-        raise section.error("ledger_url", f"{redact_url(url)}: {exc}") from None
-    return url

@@ -23,10 +23,9 @@ from aiohttp import web
 from prism_billing import billing_of
 from prism_billing.ledger import LedgerClosed
 from prism_billing.pg_ledger import PG_SCHEMA_VERSION, PostgresLedgerWriter
-from prism_billing.settings import redact_url
 from prism_fake_upstream import Fault
 
-from prism_proxy import ConfigError, config_from_mapping, create_app
+from prism_proxy import ConfigError, config_from_mapping, create_app, redact_url
 from prism_proxy.cli import main
 
 from .conftest import ADMIN_ENV, ADMIN_TOKEN, PRICE_A, KeyAuth, expected_cost, priced_catalog

@@ -13,7 +13,7 @@ key ring's lifecycle, plus one dedicated connection for ``LISTEN``).
 :class:`~prism_keys.store.KeyStore`, blocking, each on a fresh connection
 run through ``asyncio.run``.
 
-The URL may hold a password: only :func:`~prism_keys.settings.redact_url`'s
+The URL may hold a password: only :func:`prism_proxy.redact_url`'s
 form of it is ever logged or shown.
 """
 
@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
-from .settings import redact_url
+from prism_proxy import redact_url
+
 from .store import KeyRow, Loaded, LoadedKey, OrgRow, Revoked, _now, check_name
 from .tokens import NewKey, new_key
 

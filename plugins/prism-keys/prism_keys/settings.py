@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
 
 import attrs
 
-from prism_proxy import Config, ConfigError, Section
+from prism_proxy import Config, ConfigError, redact_url
 
-__all__ = ["SECTION", "KeysSettings", "redact_url", "require_settings"]
+__all__ = ["SECTION", "KeysSettings", "require_settings"]
 
 SECTION = "keys"
 DEFAULT_REFRESH_S = 5.0
-_PG_SCHEMES = ("postgresql", "postgres")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: safe to log or show."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        userinfo, _, host = parts.netloc.rpartition("@")
-        user = userinfo.partition(":")[0]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        # Unparsable (a bad port, say): show no more than the scheme.
-        return url.partition("://")[0] + "://***"
 
 
 @attrs.frozen
@@ -71,7 +55,8 @@ class KeysSettings:
                     "db_path is set too: name one key database, a SQLite file (db_path) "
                     "or a PostgreSQL database (db_url), not both",
                 )
-            return cls(db_path=None, refresh_s=refresh_s, db_url=_check_url(section, url))
+            url = section.check_postgres_url("db_url", url)
+            return cls(db_path=None, refresh_s=refresh_s, db_url=url)
         if not db:
             if section.values:
                 raise section.error(
@@ -85,21 +70,6 @@ class KeysSettings:
         if not path.parent.is_dir():
             raise section.error("db_path", f"directory {path.parent} does not exist")
         return cls(db_path=path, refresh_s=refresh_s)
-
-
-def _check_url(section: Section, url: str) -> str:
-    """A ``postgresql://`` (or ``postgres://``) URL, or a ConfigError naming ``db_url``."""
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in _PG_SCHEMES:
-        raise section.error(
-            "db_url", f"expected a postgresql:// or postgres:// URL, got {redact_url(url)!r}"
-        )
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - a bad port raises here, not at the first connection
-    except ValueError as exc:
-        raise section.error("db_url", f"{redact_url(url)}: {exc}") from None
-    return url
 
 
 def require_settings(config: Config) -> KeysSettings:

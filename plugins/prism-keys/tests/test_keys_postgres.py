@@ -19,9 +19,8 @@ import aiohttp
 import asyncpg
 import pytest
 from prism_keys import ring_of
-from prism_keys.settings import redact_url
 
-from prism_proxy import ConfigError, create_app
+from prism_proxy import ConfigError, create_app, redact_url
 from prism_proxy.cli import main
 
 SERVER = "127.0.0.1:5432"
