@@ -6,6 +6,7 @@ provider plugin is tested exactly the way the core's are:
 - ``prism_fake``: a running fake upstream (needs ``prism-fake-upstream``);
 - ``prism_plugin``: ``prism_plugin(obj, "name")`` registers a plugin object in
   every gateway the test starts afterwards;
+- ``prism_postgres``: the URL of a fresh PostgreSQL database, dropped after the test;
 - ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
   starts the real app on a loopback port and returns a :class:`GatewayUnderTest`;
   ``load_plugins=[...]`` loads only the installed plugins named;
@@ -204,6 +205,39 @@ async def prism_fake() -> AsyncIterator[FakeUpstream]:
 
     async with FakeUpstream() as fake:
         yield fake
+
+
+#: The PostgreSQL server tests use (trust authentication, user ``postgres``).
+POSTGRES_SERVER = "127.0.0.1:5432"
+
+
+@pytest.fixture
+async def prism_postgres() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for this test (its URL); dropped at the end.
+
+    Skips the test when no server answers at :data:`POSTGRES_SERVER`.  Needs
+    ``asyncpg`` (the plugins that speak PostgreSQL depend on it).
+    """
+    import secrets
+
+    import asyncpg
+
+    try:
+        admin = await asyncpg.connect(
+            f"postgresql://postgres@{POSTGRES_SERVER}/postgres", timeout=5
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_SERVER} as postgres: {exc}")
+    name = f"prism_test_{secrets.token_hex(6)}"
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield f"postgresql://postgres@{POSTGRES_SERVER}/{name}"
+    finally:
+        # A test may have closed the database to connections to play an outage.
+        with contextlib.suppress(asyncpg.PostgresError):
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -40,23 +38,8 @@ async def _admin() -> asyncpg.Connection:
 
 
 @pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A fresh, empty database for this test; dropped at the end even on failure."""
-    try:
-        admin = await _admin()
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL is not reachable at 127.0.0.1:5432 as postgres: {exc}")
-    name = f"prism_test_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"{SERVER}/{name}"
-    finally:
-        try:
-            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        except asyncpg.PostgresError:
-            pass
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+def pg_url(prism_postgres: str) -> str:
+    return prism_postgres
 
 
 async def rows_in(url: str) -> list[dict[str, Any]]:

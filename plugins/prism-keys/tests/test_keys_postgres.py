@@ -11,7 +11,6 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +33,9 @@ async def _admin() -> asyncpg.Connection:
 
 
 @pytest.fixture
-async def pg_url() -> AsyncIterator[str]:
-    """A fresh, empty database for this test (its URL with a password); dropped at the end."""
-    try:
-        admin = await _admin()
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL is not reachable at {SERVER} as postgres: {exc}")
-    name = f"prism_keys_test_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"postgresql://postgres:{PASSWORD}@{SERVER}/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+def pg_url(prism_postgres: str) -> str:
+    """The test's database, its URL with a password that must never be shown."""
+    return prism_postgres.replace("postgres@", f"postgres:{PASSWORD}@", 1)
 
 
 def write_ini(tmp_path: Path, keys_section: str) -> Path:
