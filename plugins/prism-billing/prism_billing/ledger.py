@@ -9,6 +9,7 @@ core hold a response until its row exists.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -19,7 +20,14 @@ from typing import Any
 
 from .rows import COLUMNS, LedgerRow
 
-__all__ = ["SCHEMA_VERSION", "LedgerClosed", "LedgerWriter", "connect", "open_for_reading"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "GroupCommit",
+    "LedgerClosed",
+    "LedgerWriter",
+    "connect",
+    "open_for_reading",
+]
 
 log = logging.getLogger("prism.billing")
 
@@ -122,37 +130,36 @@ def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
     return conn.total_changes - before
 
 
-class LedgerWriter:
-    """The ledger's only writer: one thread owns the connection, one task feeds it."""
+class GroupCommit(abc.ABC):
+    """Rows queued by calls, written by one task in batches: group commit.
+
+    Rows queued while a commit runs go into the next transaction together,
+    so concurrent calls share one commit; ``record`` returns only once its
+    row's transaction is durable.  A failed commit fails exactly the rows of
+    its batch and leaves the writer ready for the next.  Subclasses say how
+    a batch is written (:meth:`_write`) and when the writer starts.
+    """
 
     def __init__(
-        self,
-        path: Path,
-        *,
-        synchronous: str = "FULL",
-        max_batch_rows: int = 1000,
-        counters: collections.Counter[str] | None = None,
+        self, name: str, *, max_batch_rows: int, counters: collections.Counter[str] | None
     ) -> None:
-        self.path = path
-        self._synchronous = synchronous
+        #: The ledger as it may be logged (a path, or a URL without its password).
+        self.name = name
         self._max_batch = max_batch_rows
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
         )
-        # One thread: sqlite3 connections belong to the thread that made them.
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="prism-billing-ledger")
-        self._conn: sqlite3.Connection | None = None
         self._queue: collections.deque[tuple[LedgerRow, asyncio.Future[None]]] = collections.deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._conn = await loop.run_in_executor(
-            self._executor, lambda: connect(self.path, synchronous=self._synchronous)
-        )
-        self._task = asyncio.create_task(self._run(), name="prism-billing-ledger")
+    @abc.abstractmethod
+    async def _write(self, rows: list[LedgerRow]) -> int:
+        """One transaction for the whole batch; returns how many rows were new."""
+
+    def _begin(self, task_name: str) -> None:
+        self._task = asyncio.create_task(self._run(), name=task_name)
 
     async def record(self, row: LedgerRow) -> None:
         """Queue ``row`` and return once the transaction holding it is committed."""
@@ -163,21 +170,14 @@ class LedgerWriter:
         self._wake.set()
         await future
 
-    async def close(self) -> None:
-        """Write everything queued, then close the connection and its thread."""
+    async def _drain(self) -> None:
+        """Write everything queued, then stop the writing task."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
             await self._task
-        conn = self._conn
-        if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
-        self._executor.shutdown(wait=True)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        conn = self._conn
-        assert conn is not None
         batch: list[tuple[LedgerRow, asyncio.Future[None]]] = []
         try:
             while True:
@@ -189,12 +189,19 @@ class LedgerWriter:
                     continue
                 take = min(len(self._queue), self._max_batch)
                 batch = [self._queue.popleft() for _ in range(take)]
-                rows = [row.as_tuple() for row, _ in batch]
                 try:
-                    added = await loop.run_in_executor(self._executor, _write, conn, rows)
+                    added = await self._write([row for row, _ in batch])
                 except Exception as exc:
+                    # The store gone, a connection cut, a full disk, a value out of
+                    # range: these rows were not committed, and their callers are told so.
                     self.counters["billing_write_errors"] += 1
-                    log.error("ledger %s: commit of %d rows failed: %s", self.path, len(rows), exc)
+                    log.error(
+                        "ledger %s: commit of %d rows failed: %s: %s",
+                        self.name,
+                        len(batch),
+                        type(exc).__name__,
+                        exc,
+                    )
                     _settle_all(batch, exc)
                     continue
                 self.counters["billing_commits"] += 1
@@ -206,6 +213,48 @@ class LedgerWriter:
             _settle_all(batch, stopped)
             _settle_all(list(self._queue), stopped)
             self._queue.clear()
+
+
+class LedgerWriter(GroupCommit):
+    """The SQLite ledger's only writer: one thread owns the connection, one task feeds it."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "FULL",
+        max_batch_rows: int = 1000,
+        counters: collections.Counter[str] | None = None,
+    ) -> None:
+        super().__init__(str(path), max_batch_rows=max_batch_rows, counters=counters)
+        self.path = path
+        self._synchronous = synchronous
+        # One thread: sqlite3 connections belong to the thread that made them.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="prism-billing-ledger")
+        self._conn: sqlite3.Connection | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._conn = await loop.run_in_executor(
+            self._executor, lambda: connect(self.path, synchronous=self._synchronous)
+        )
+        self._begin("prism-billing-ledger")
+
+    async def close(self) -> None:
+        """Write everything queued, then close the connection and its thread."""
+        await self._drain()
+        conn = self._conn
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def _write(self, rows: list[LedgerRow]) -> int:
+        conn = self._conn
+        assert conn is not None
+        tuples = [row.as_tuple() for row in rows]
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, _write, conn, tuples
+        )
 
 
 def _settle_all(

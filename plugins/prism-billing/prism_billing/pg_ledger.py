@@ -20,7 +20,7 @@ import asyncpg
 
 from prism_proxy import redact_url
 
-from .ledger import LedgerClosed
+from .ledger import GroupCommit
 from .queries import PgConnection
 from .rows import COLUMNS, LedgerRow
 
@@ -126,7 +126,7 @@ def _columns(rows: list[LedgerRow]) -> list[list[Any]]:
     return [[values[i] for values in tuples] for i in range(len(COLUMNS))]
 
 
-class PostgresLedgerWriter:
+class PostgresLedgerWriter(GroupCommit):
     """The PostgreSQL ledger's writer in this process: a small pool, one commit at a time."""
 
     def __init__(
@@ -139,22 +139,13 @@ class PostgresLedgerWriter:
         max_size: int = 4,
         timeout_s: float = 10.0,
     ) -> None:
+        super().__init__(redact_url(url), max_batch_rows=max_batch_rows, counters=counters)
         self.url = url
-        #: The URL as it may be logged: its password replaced.
-        self.name = redact_url(url)
-        self._max_batch = max_batch_rows
         self._min_size = min_size
         self._max_size = max_size
         #: Seconds to wait for a connection, or for one statement.
         self.timeout_s = timeout_s
-        self.counters: collections.Counter[str] = (
-            counters if counters is not None else collections.Counter()
-        )
         self.pool: asyncpg.Pool | None = None
-        self._queue: collections.deque[tuple[LedgerRow, asyncio.Future[None]]] = collections.deque()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
 
     async def start(self) -> None:
         """Open the pool and create or migrate the schema; raises if PostgreSQL says no."""
@@ -169,23 +160,11 @@ class PostgresLedgerWriter:
             before = await ensure_schema(conn)
         if before == 0:
             log.info("ledger %s: schema %d created", self.name, PG_SCHEMA_VERSION)
-        self._task = asyncio.create_task(self._run(), name="prism-billing-pg-ledger")
-
-    async def record(self, row: LedgerRow) -> None:
-        """Queue ``row`` and return once the transaction holding it is committed."""
-        if self._closing or self._task is None:
-            raise LedgerClosed(f"ledger closed; row for {row.request_id} not written")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((row, future))
-        self._wake.set()
-        await future
+        self._begin("prism-billing-pg-ledger")
 
     async def close(self) -> None:
         """Write everything queued, then close the pool."""
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        await self._drain()
         if self.pool is not None:
             try:
                 await asyncio.wait_for(self.pool.close(), self.timeout_s)
@@ -199,51 +178,3 @@ class PostgresLedgerWriter:
             async with conn.transaction():
                 status = await conn.execute(_INSERT, *_columns(rows))
         return int(status.rsplit(" ", 1)[-1])
-
-    async def _run(self) -> None:
-        batch: list[tuple[LedgerRow, asyncio.Future[None]]] = []
-        try:
-            while True:
-                if not self._queue:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                take = min(len(self._queue), self._max_batch)
-                batch = [self._queue.popleft() for _ in range(take)]
-                try:
-                    added = await self._write([row for row, _ in batch])
-                except Exception as exc:
-                    # PostgreSQL gone, a connection cut, a value out of range: these rows
-                    # were not committed, and their callers are told so.
-                    self.counters["billing_write_errors"] += 1
-                    log.error(
-                        "ledger %s: commit of %d rows failed: %s: %s",
-                        self.name,
-                        len(batch),
-                        type(exc).__name__,
-                        exc,
-                    )
-                    _settle_all(batch, exc)
-                    continue
-                self.counters["billing_commits"] += 1
-                self.counters["billing_rows"] += added
-                _settle_all(batch, None)
-        finally:
-            stopped = LedgerClosed("ledger writer stopped")
-            _settle_all(batch, stopped)
-            _settle_all(list(self._queue), stopped)
-            self._queue.clear()
-
-
-def _settle_all(
-    batch: list[tuple[LedgerRow, asyncio.Future[None]]], error: BaseException | None
-) -> None:
-    for _, future in batch:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
