@@ -20,7 +20,8 @@ import pytest
 from prism_keys import ring_of
 
 from prism_proxy import ConfigError, create_app, redact_url
-from prism_proxy.cli import main
+
+from .test_keys_gateway import create_key, keys_cli
 
 SERVER = "127.0.0.1:5432"
 #: Trust authentication accepts any password: it is there to be kept out of every message.
@@ -48,17 +49,6 @@ def write_ini(tmp_path: Path, keys_section: str) -> Path:
     return path
 
 
-def keys_cli(ini: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    capsys.readouterr()
-    status = main(["keys", *args, "--config", str(ini)])
-    captured = capsys.readouterr()
-    return status, captured.out + captured.err
-
-
-def create_key(ini: Path, capsys: pytest.CaptureFixture[str], org: str, scopes: str) -> str:
-    status, out = keys_cli(ini, capsys, "create", "--org", org, "--scopes", scopes)
-    assert status == 0, out
-    return out.rstrip("\n").splitlines()[-1]
 
 
 async def replicas(prism_gateway: Any, prism_fake: Any, url: str, refresh_s: float) -> list[Any]:
