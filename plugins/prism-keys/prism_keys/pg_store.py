@@ -30,7 +30,7 @@ import orjson
 
 from prism_proxy import redact_url
 
-from .store import KeyRow, Loaded, LoadedKey, OrgRow, Revoked, _now, check_name
+from .store import KeyRow, Loaded, OrgRow, Revoked, _now, check_name
 from .tokens import NewKey, new_key
 
 __all__ = ["CHANNEL", "PG_SCHEMA_VERSION", "PgKeyStore", "SchemaTooNew", "SyncPgKeyStore"]
@@ -119,14 +119,7 @@ async def _load_active(conn: Conn) -> Loaded:
             "JOIN prism_keys_orgs o ON o.name = k.org WHERE k.revoked IS NULL"
         )
         setting_rows = await conn.fetch("SELECT org, name, value FROM prism_keys_org_settings")
-    settings: dict[str, dict[str, str]] = {}
-    for org, name, value in setting_rows:
-        settings.setdefault(org, {})[name] = value
-    return Loaded(
-        revision=revision,
-        keys=[LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in rows],
-        settings=settings,
-    )
+    return Loaded.from_rows(revision, rows, setting_rows)
 
 
 class PgKeyStore:

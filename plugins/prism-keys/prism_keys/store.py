@@ -31,8 +31,9 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
@@ -141,6 +142,20 @@ class Loaded:
     keys: list[LoadedKey]
     #: Every organisation's settings as stored (text), by organisation then name.
     settings: dict[str, dict[str, str]]
+
+    @classmethod
+    def from_rows(
+        cls,
+        revision: int,
+        key_rows: Iterable[Sequence[Any]],
+        setting_rows: Iterable[Sequence[Any]],
+    ) -> Loaded:
+        """From ``(id, hash, org, tags, scopes)`` and ``(org, name, value)`` rows (either store)."""
+        settings: dict[str, dict[str, str]] = {}
+        for org, name, value in setting_rows:
+            settings.setdefault(org, {})[name] = value
+        keys = [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in key_rows]
+        return cls(revision=revision, keys=keys, settings=settings)
 
 
 def _now() -> str:
@@ -379,14 +394,7 @@ class KeyStore:
                 "JOIN orgs o ON o.name = k.org WHERE k.revoked IS NULL"
             ).fetchall()
             setting_rows = conn.execute("SELECT org, name, value FROM org_settings").fetchall()
-        settings: dict[str, dict[str, str]] = {}
-        for org, name, value in setting_rows:
-            settings.setdefault(org, {})[name] = value
-        return Loaded(
-            revision=revision,
-            keys=[LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in rows],
-            settings=settings,
-        )
+        return Loaded.from_rows(revision, rows, setting_rows)
 
 
 def _new_connection(path: Path, *, shared: bool) -> sqlite3.Connection:
