@@ -105,9 +105,8 @@ async def test_workers_share_the_port_restart_reload_and_drain(prism_fake, tmp_p
         )
 
 
-async def test_workers_refuse_a_breaker_that_keeps_state_in_one_process(prism_fake, tmp_path):
-    port = free_port()
-    ini = write_config(tmp_path, prism_fake, port, workers=2, disable_breaker=False)
+async def serve_refused(ini: Path, *extra: str) -> tuple[int | None, str]:
+    """``prism serve`` that must stop at start-up: its exit status and stderr."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -115,11 +114,18 @@ async def test_workers_refuse_a_breaker_that_keeps_state_in_one_process(prism_fa
         "serve",
         "--config",
         str(ini),
+        *extra,
         stderr=asyncio.subprocess.PIPE,
     )
     _, stderr = await asyncio.wait_for(process.communicate(), 30)
-    assert process.returncode == 2
-    message = stderr.decode()
+    return process.returncode, stderr.decode()
+
+
+async def test_workers_refuse_a_breaker_that_keeps_state_in_one_process(prism_fake, tmp_path):
+    port = free_port()
+    ini = write_config(tmp_path, prism_fake, port, workers=2, disable_breaker=False)
+    status, message = await serve_refused(ini)
+    assert status == 2
     assert "[prism] workers" in message and "prism-breaker keeps each binding's health" in message
     assert "Traceback" not in message
 
@@ -127,17 +133,6 @@ async def test_workers_refuse_a_breaker_that_keeps_state_in_one_process(prism_fa
 async def test_a_bad_worker_count_is_one_line(prism_fake, tmp_path):
     port = free_port()
     ini = write_config(tmp_path, prism_fake, port, workers=1, disable_breaker=True)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prism_proxy.cli",
-        "serve",
-        "--config",
-        str(ini),
-        "--workers",
-        "many",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, stderr = await asyncio.wait_for(process.communicate(), 30)
-    assert process.returncode == 2
-    assert stderr.decode().strip().endswith("expected a number of workers or auto, got 'many'")
+    status, message = await serve_refused(ini, "--workers", "many")
+    assert status == 2
+    assert message.strip().endswith("expected a number of workers or auto, got 'many'")
