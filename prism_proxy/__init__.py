@@ -22,6 +22,7 @@ from .call import (
     Usage,
     Verdict,
 )
+from .capacity import Capacity, Slots
 from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec, is_region
 from .classification import (
     PERMANENT_MARKERS,
@@ -58,6 +59,7 @@ __all__ = [
     "Attempt",
     "Binding",
     "Call",
+    "Capacity",
     "Catalog",
     "CatalogKeys",
     "Command",
@@ -81,6 +83,7 @@ __all__ = [
     "Section",
     "Settlement",
     "Skip",
+    "Slots",
     "UpstreamResponse",
     "UpstreamResult",
     "Usage",

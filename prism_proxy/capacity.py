@@ -6,6 +6,8 @@ that finds the line full moves to the next line at once, unless the line
 says ``queue_ms``: then it waits, in arrival order, for at most that long and
 never past what its call budget leaves for an attempt.  The counts are kept
 across reloads: calls in flight on an older generation still hold slots.
+Counting is per process; a plugin may put a subclass of :class:`Capacity`
+on ``generation.capacity`` whose :class:`Slots` count across a fleet.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ class Slots:
     limit: int
     in_flight: int = 0
     waiters: collections.deque[asyncio.Future[None]] = attrs.field(factory=collections.deque)
+
+    async def acquire(self, wait_s: float) -> bool:
+        """A slot now, or after queueing for at most ``wait_s`` (0: no queueing)."""
+        if self.take():
+            return True
+        return wait_s > 0 and await self.wait(wait_s)
 
     def take(self) -> bool:
         """A slot now, if one is free (and nobody queued before us)."""
@@ -85,10 +93,14 @@ class Capacity:
             return None
         slots = self.slots.get(binding.id)
         if slots is None:
-            slots = self.slots[binding.id] = Slots(limit)
+            slots = self.slots[binding.id] = self.new_slots(binding.id, limit)
         else:
             slots.limit = limit  # a reload may change it; calls in flight keep theirs
         return slots
+
+    def new_slots(self, line: str, limit: int) -> Slots:
+        """The slots of one line; a subclass counts them somewhere shared."""
+        return Slots(limit)
 
     def report(self, binding: Binding) -> dict[str, Any] | None:
         """``max_concurrency``, ``in_flight`` and ``queued`` for a limited line, else None."""

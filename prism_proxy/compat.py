@@ -63,9 +63,7 @@ def prepare(call: Call, binding: Binding, provider: Provider, wires: Wires) -> P
     if provider_wire is not client_wire:
         translation = wires.translation(client_wire, provider_wire)
         if translation is None or call.endpoint not in translation.endpoints:
-            raise Untranslatable(
-                f"provider kind {provider.spec.kind!r} has no {call.endpoint} API"
-            )
+            raise Untranslatable(f"provider kind {provider.spec.kind!r} has no {call.endpoint} API")
         endpoint = translation.endpoints[call.endpoint]
     if endpoint not in provider.endpoints:
         raise Untranslatable(f"provider kind {provider.spec.kind!r} has no {call.endpoint} API")

@@ -175,13 +175,10 @@ class _Walk:
 
     async def _slot(self, binding: Binding, slots: Slots) -> bool:
         """A capacity slot on ``binding`` now, or after queueing as its ``queue_ms`` allows."""
-        if slots.take():
-            return True
         queue_s = binding.options.get("queue_ms", 0) / 1000
         # Never queue past what the budget needs left for the attempt itself.
         room = self.deadline - self.gen.clock() - MIN_ATTEMPT_S
-        wait = min(queue_s, room)
-        return wait > 0 and await slots.wait(wait)
+        return await slots.acquire(min(queue_s, room))
 
     async def binding(
         self, binding: Binding, model: ModelSpec, prepared: Prepared
@@ -203,6 +200,8 @@ class _Walk:
                 return None
             admit = gen.hooks.admit_attempt
             veto = admit(call=call, binding=binding) if admit is not None else None
+            if veto is not None and not isinstance(veto, str):
+                veto = await veto  # an answer that needed shared state
             if veto is not None:
                 if slots is not None:
                     slots.give_back()

@@ -342,16 +342,18 @@ async def readyz(request: web.Request) -> web.Response:
     if not gw.ready:
         return web.json_response({"status": "starting"}, status=503)
     generation = gw.current
-    return web.json_response(
-        {
-            "status": "ready",
-            "pid": os.getpid(),
-            "generation": generation.number,
-            "plugins": generation.loaded(),
-            "disabled": sorted(generation.config.disable),
-            "models": len(generation.catalog.models),
-        }
-    )
+    body: dict[str, Any] = {
+        "status": "ready",
+        "pid": os.getpid(),
+        "generation": generation.number,
+        "plugins": generation.loaded(),
+        "disabled": sorted(generation.config.disable),
+        "models": len(generation.catalog.models),
+    }
+    for facts in generation.pm.hook.prism_readyz(generation=generation):
+        for key, value in (facts or {}).items():
+            body.setdefault(key, value)
+    return web.json_response(body, dumps=_dumps)
 
 
 @admin_handler

@@ -153,6 +153,20 @@ def prism_workers(generation: Generation, count: int) -> str | None:
 
 
 @hookspec
+def prism_readyz(generation: Generation) -> Mapping[str, object] | None:
+    """Facts this plugin adds to ``GET /readyz`` (e.g. ``{"shared_state": "degraded"}``).
+
+    Called on every readiness probe with the generation serving now; answer
+    from memory (no I/O: probes come often and must not hang on the thing
+    they report).  Readiness stays 200: a plugin that can keep serving in a
+    degraded way says so here rather than taking the replica out of the
+    load balancer.  Keys must not collide with the core's (``status``,
+    ``pid``, ``generation``, ``plugins``, ``disabled``, ``models``); a
+    collision is dropped.  Fan-out; the mappings are merged.
+    """
+
+
+@hookspec
 def prism_cli(commands: Commands) -> None:
     """Add subcommands to the ``prism`` command line (``prism breaker ...``).
 
@@ -232,6 +246,13 @@ def prism_admit_attempt(call: Call, binding: Binding) -> str | None:
     the next binding without an attempt; the reason (a few words, no caller
     data) goes into the attempt record.  Synchronous and cheap.  First
     result wins.
+
+    Where the answer needs one round trip to shared state (a fleet-wide trial
+    slot), return an awaitable resolving to the same None-or-reason: the
+    dispatch awaits it before the attempt.  An awaitable is an answer, so
+    the implementations after it are not asked: mark such an implementation
+    ``trylast`` so the cheap, synchronous ones decide first, and re-check in
+    it whatever concurrent calls may change while it waits.
     """
 
 

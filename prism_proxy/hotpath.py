@@ -40,7 +40,7 @@ class SelectRoute(Protocol):
 
 
 class AdmitAttempt(Protocol):
-    def __call__(self, *, call: Call, binding: Binding) -> str | None: ...
+    def __call__(self, *, call: Call, binding: Binding) -> str | Awaitable[str | None] | None: ...
 
 
 class AttemptStart(Protocol):
@@ -56,9 +56,7 @@ class OnAttempt(Protocol):
 
 
 class Settle(Protocol):
-    def __call__(
-        self, *, call: Call, settlement: Settlement
-    ) -> list[Awaitable[None] | None]: ...
+    def __call__(self, *, call: Call, settlement: Settlement) -> list[Awaitable[None] | None]: ...
 
 
 @attrs.frozen
@@ -119,9 +117,7 @@ def _traced(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
 def trace_hooks(pm: pluggy.PluginManager) -> None:
     """Log every hook call, its implementations and its outcome (``PRISM_TRACE_HOOKS=1``)."""
 
-    def before(
-        name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]
-    ) -> None:
+    def before(name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
         trace_log.info("%s -> %s", name, ", ".join(impl.plugin_name for impl in impls))
 
     def after(

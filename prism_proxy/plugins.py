@@ -132,9 +132,7 @@ def disabled_owner(config: Config) -> Callable[[str, str], str | None]:
             except Exception:
                 continue
             if _understands(module, what, name):
-                return (
-                    f"plugin {ep.name!r}, which [prism] disable in {config.source} turned off"
-                )
+                return f"plugin {ep.name!r}, which [prism] disable in {config.source} turned off"
         return None
 
     return owner

@@ -337,8 +337,7 @@ def usage_from(payload: Any) -> Usage | None:
         usage.get("prompt_tokens", 0),
         usage.get("completion_tokens", 0),
         (details.get("cached_tokens") if isinstance(details, dict) else None) or 0,
-        (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None)
-        or 0,
+        (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None) or 0,
     )
     counts = [token_count(value) for value in raw]
     if None in counts:

@@ -91,9 +91,7 @@ def connect(path: Path, *, synchronous: str = "FULL") -> sqlite3.Connection:
         conn.executescript(_SCHEMA)
         if 0 < version < 2:
             # Version 1 predates the usage_suspect flag: old rows were never flagged.
-            conn.execute(
-                "ALTER TABLE ledger ADD COLUMN usage_suspect INTEGER NOT NULL DEFAULT 0"
-            )
+            conn.execute("ALTER TABLE ledger ADD COLUMN usage_suspect INTEGER NOT NULL DEFAULT 0")
         if 0 < version < 3:
             # Version 2 predates regions: old rows name none.
             conn.execute("ALTER TABLE ledger ADD COLUMN region TEXT")

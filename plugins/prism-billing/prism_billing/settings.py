@@ -90,5 +90,3 @@ class BillingSettings:
             if path.exists() and not path.is_file():
                 raise section.error("ledger_path", f"{path} is not a file")
         return attrs.evolve(settings, ledger_path=path)
-
-

@@ -6,16 +6,30 @@ from .plugin import BreakerHooks, breaker_of
 from .runtime import HEADER, Breaker
 from .settings import Settings
 from .sqlite_store import SqliteStore
-from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
+from .store import (
+    STORE_ROLE,
+    AuditEntry,
+    BindingRecord,
+    BindingReport,
+    BreakerStore,
+    Fleet,
+    FleetView,
+    StoredTransition,
+    StoreProvider,
+)
 
 __all__ = [
     "HEADER",
+    "STORE_ROLE",
     "Admission",
     "AuditEntry",
     "BindingRecord",
+    "BindingReport",
     "Breaker",
     "BreakerHooks",
     "BreakerStore",
+    "Fleet",
+    "FleetView",
     "Machine",
     "Observation",
     "Override",
@@ -24,6 +38,7 @@ __all__ = [
     "Snapshot",
     "SqliteStore",
     "State",
+    "StoreProvider",
     "StoredTransition",
     "Transition",
     "breaker_of",

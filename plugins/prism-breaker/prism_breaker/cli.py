@@ -1,9 +1,11 @@
 """``prism breaker list|quarantine|cap|release|audit``: operator commands on the state store.
 
-The CLI writes to the same store the gateway uses (the SQLite file), so it
-works whether or not a gateway is running, and needs no admin token: file
-access is the permission.  A running gateway picks up what the CLI wrote
-within ``refresh_s`` (it polls the store for changes off the hot path).
+The CLI writes to the same store the gateway uses (the SQLite file, or the
+shared store a plugin such as prism-redis provides), so it works whether or
+not a gateway is running, and needs no admin token: access to the store is
+the permission.  A running gateway picks up what the CLI wrote within
+``refresh_s`` (it polls the store for changes off the hot path; a shared
+store also tells it at once).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import orjson
 
 from prism_proxy import GATEWAY, Catalog, Commands, Config, create_app
 
+from .endpoints import RUNTIME_NAME
 from .overrides import Override, OverrideError, check_target, iso
 from .settings import MEMORY, Settings
-from .sqlite_store import SqliteStore, StoreError
+from .sqlite_store import StoreError
 from .store import AuditEntry, BreakerStore
 
 __all__ = ["add_commands"]
@@ -87,17 +90,20 @@ def _why(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace, config: Config) -> int:
-    settings = Settings.from_config(config)
-    if settings.state_path == MEMORY:
+    generation = create_app(config)[GATEWAY].current
+    hooks = generation.plugin(RUNTIME_NAME)
+    if hooks is None:
+        print(f"prism breaker: {config.source}: the breaker is disabled", file=sys.stderr)
+        return 2
+    settings, store, catalog = hooks.settings, hooks.breaker.store, generation.catalog
+    if store.fleet is None and settings.state_path == MEMORY:
         print(
             f"prism breaker: {config.source}: [prism:breaker] state_path is in memory; "
             "there is no state file to read or write",
             file=sys.stderr,
         )
         return 2
-    catalog = create_app(config)[GATEWAY].current.catalog
     action: Action = _ACTIONS[args.breaker_action]
-    store = SqliteStore(settings.state_path)
 
     async def main() -> int:
         await store.open()
@@ -110,6 +116,9 @@ def _run(args: argparse.Namespace, config: Config) -> int:
         return asyncio.run(main())
     except StoreError as exc:
         print(f"prism breaker: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a shared store that does not answer
+        print(f"prism breaker: {store.description}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -6,6 +6,11 @@ trial successes over at least ``trial_min_duration_s`` and no trial
 failure.  Nothing here reads a clock or does I/O: the plugin passes the
 gateway's clock value in, which is what lets tests drive time exactly.
 Every transition is appended to :attr:`Machine.outbox` for the store.
+
+With a fleet (several gateways sharing one store) the machine also keeps
+what it must report (window entries, trial successes), takes in what the
+others saw (:meth:`Machine.judge`), and adopts the states they recorded
+(:meth:`Machine.adopt`).
 """
 
 from __future__ import annotations
@@ -128,6 +133,8 @@ class BindingHealth:
     #: Trial slots handed out: token -> when the slot is reclaimed if never released.
     leases: dict[int, float] = attrs.field(factory=dict)
     consecutive: int = 0
+    #: Trial successes not yet reported to the fleet.
+    trial_unsent: int = 0
     counts: Counter[str] = attrs.field(factory=Counter)
     #: Completions ignored because they started before the latest isolation or trial.
     stale: int = 0
@@ -152,8 +159,10 @@ class BindingHealth:
 class Machine:
     """Every binding's state, the policies that move it, and the trial slot."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, fleet: bool = False) -> None:
         self.settings = settings
+        #: Evidence is shared with other gateways: keep what they have not been told.
+        self.fleet = fleet
         self.bindings: dict[str, BindingHealth] = {}
         self.outbox: list[Transition] = []
         self._tokens = itertools.count(1)
@@ -167,7 +176,7 @@ class Machine:
             found = BindingHealth(
                 binding=key,
                 since=now,
-                errors=ErrorWindow(s.error_rate_window_s),
+                errors=ErrorWindow(s.error_rate_window_s, unsent=[] if self.fleet else None),
                 latency={
                     kind: LatencyTrack(s.latency_factor, s.latency_window_s, s.latency_min_samples)
                     for kind in (STREAM, BODY)
@@ -185,6 +194,7 @@ class Machine:
             b.trial_revision = b.revision
             b.trial_since = now
             b.trial_successes = 0
+            b.trial_unsent = 0
             b.leases.clear()
             b.next_slot_at = now
         return b
@@ -299,18 +309,9 @@ class Machine:
                 return self._isolate(
                     b, f"{b.consecutive} consecutive failures ({_why(obs)})", now, obs
                 )
-            if (
-                "error_rate" in s.policies
-                and b.errors.calls >= s.error_rate_min_calls
-                and b.errors.rate > s.error_rate
-            ):
-                return self._isolate(
-                    b,
-                    f"error rate {b.errors.rate:.0%} over {s.error_rate_window_s:g} s "
-                    f"({b.errors.failures}/{b.errors.calls})",
-                    now,
-                    obs,
-                )
+            tripped = self._error_rate_trip(b, now, obs)
+            if tripped is not None:
+                return tripped
         else:
             b.consecutive = 0
             kind, slowness = self._latency(b, obs, now)
@@ -332,6 +333,38 @@ class Machine:
                 )
         return self._suspicion(b, now)
 
+    def _error_rate_trip(
+        self, b: BindingHealth, now: float, obs: Observation | None
+    ) -> Transition | None:
+        s = self.settings
+        if (
+            "error_rate" in s.policies
+            and b.errors.calls >= s.error_rate_min_calls
+            and b.errors.rate > s.error_rate
+        ):
+            return self._isolate(
+                b,
+                f"error rate {b.errors.rate:.0%} over {s.error_rate_window_s:g} s "
+                f"({b.errors.failures}/{b.errors.calls})",
+                now,
+                obs,
+            )
+        return None
+
+    def judge(self, key: str, now: float) -> Transition | None:
+        """Apply the policies to evidence that came without an observation of ours:
+        the other gateways' window counts and trial successes."""
+        b = self.tick(key, now)
+        if b.state is State.TRIAL:
+            return self._trial_passed(b, now, None)
+        if b.state is State.ISOLATED:
+            return None
+        b.errors.prune(now)
+        tripped = self._error_rate_trip(b, now, None)
+        # Only our own observations clear a suspicion: others' counts that merely
+        # lack our evidence must not undo the suspicion of the gateway that had it.
+        return tripped if tripped is not None else self._suspicion(b, now, clear=False)
+
     def _observe_trial(
         self, b: BindingHealth, obs: Observation, failed: bool, now: float
     ) -> Transition | None:
@@ -348,19 +381,21 @@ class Machine:
                 b, f"trial too slow: {obs.first_byte_ms:.0f} ms vs median {median:.0f} ms", now, obs
             )
         b.trial_successes += 1
+        if self.fleet:
+            b.trial_unsent += 1
+        return self._trial_passed(b, now, obs)
+
+    def _trial_passed(
+        self, b: BindingHealth, now: float, obs: Observation | None
+    ) -> Transition | None:
+        s = self.settings
         trial_for = now - (b.trial_since if b.trial_since is not None else now)
         if b.trial_successes >= s.trial_min_successes and trial_for >= s.trial_min_duration_s:
             cause = f"trial passed: {b.trial_successes} successes over {trial_for:.0f} s"
             transition = self._move(b, State.ELIGIBLE, cause, now, self.evidence(b, now, obs))
             b.restored_at = now
-            b.trial_since = None
-            b.trial_successes = 0
-            b.leases.clear()
             b.isolated_until = None
-            b.consecutive = 0
-            b.errors.clear()
-            for track in b.latency.values():
-                track.reset_run()
+            self._clear_evidence(b)
             return transition
         return None
 
@@ -375,7 +410,7 @@ class Machine:
     def _judged(self, kind: str) -> bool:
         return kind == STREAM or self.settings.latency_whole_body
 
-    def _suspicion(self, b: BindingHealth, now: float) -> Transition | None:
+    def _suspicion(self, b: BindingHealth, now: float, *, clear: bool = True) -> Transition | None:
         """eligible <-> suspect: some policy is at least half-way to a trip."""
         s = self.settings
         reasons = []
@@ -394,11 +429,13 @@ class Machine:
                     reasons.append(f"{kind} latency slow for {track.slow_for(now):.0f} s")
         if reasons and b.state is State.ELIGIBLE:
             return self._move(b, State.SUSPECT, "; ".join(reasons), now, self.evidence(b, now))
-        if not reasons and b.state is State.SUSPECT:
+        if not reasons and b.state is State.SUSPECT and clear:
             return self._move(b, State.ELIGIBLE, "evidence cleared", now, self.evidence(b, now))
         return None
 
-    def _isolate(self, b: BindingHealth, cause: str, now: float, obs: Observation) -> Transition:
+    def _isolate(
+        self, b: BindingHealth, cause: str, now: float, obs: Observation | None
+    ) -> Transition:
         s = self.settings
         if b.state is State.TRIAL:
             step = b.step + 1
@@ -412,15 +449,21 @@ class Machine:
         b.step = step
         b.isolated_until = now + duration
         b.next_slot_at = b.isolated_until
+        self._clear_evidence(b)
+        b.isolated_revision = b.revision + 1  # the revision _move is about to assign
+        return self._move(b, State.ISOLATED, cause, now, evidence)
+
+    @staticmethod
+    def _clear_evidence(b: BindingHealth) -> None:
+        """An isolation or a restoration starts the evidence afresh."""
         b.trial_since = None
         b.trial_successes = 0
+        b.trial_unsent = 0
         b.leases.clear()
         b.consecutive = 0
         b.errors.clear()
         for track in b.latency.values():
             track.reset_run()
-        b.isolated_revision = b.revision + 1  # the revision _move is about to assign
-        return self._move(b, State.ISOLATED, cause, now, evidence)
 
     def _move(
         self, b: BindingHealth, to: State, cause: str, now: float, evidence: dict[str, Any]
@@ -467,6 +510,45 @@ class Machine:
             b.trial_since = now
             b.trial_successes = 0
             b.next_slot_at = now
+
+    def adopt(self, snap: Snapshot, now: float, *, force: bool = False) -> bool:
+        """Take a state another gateway recorded; True if it changed ours.
+
+        Only a newer revision is adopted, unless ``force`` (the shared store
+        refused our transition: its record is the truth).  A new isolation
+        or a restoration clears our evidence as our own would; a trial
+        another gateway opened starts our count of its successes at zero
+        (the fleet's count comes with the next exchange).
+        """
+        b = self.get(snap.binding, now)
+        if snap.revision <= b.revision and not (force and snap != b.snapshot()):
+            return False
+        was = b.state
+        same_trial = (
+            was is State.TRIAL and snap.state is State.TRIAL and b.trial_revision == snap.revision
+        )
+        new_isolation = snap.isolated_revision != b.isolated_revision
+        restored = was in (State.ISOLATED, State.TRIAL) and snap.state in (
+            State.ELIGIBLE,
+            State.SUSPECT,
+        )
+        if new_isolation or restored or (snap.state is State.TRIAL and not same_trial):
+            self._clear_evidence(b)
+        b.state = snap.state
+        b.cause = snap.cause
+        b.since = snap.since
+        b.revision = snap.revision
+        b.isolated_revision = snap.isolated_revision
+        b.step = snap.step
+        b.isolated_until = snap.isolated_until
+        b.restored_at = snap.restored_at
+        if snap.state is State.ISOLATED:
+            b.next_slot_at = snap.isolated_until if snap.isolated_until is not None else now
+        elif snap.state is State.TRIAL and not same_trial:
+            b.trial_revision = snap.revision
+            b.trial_since = snap.trial_since if snap.trial_since is not None else now
+            b.next_slot_at = now
+        return True
 
 
 def _why(obs: Observation) -> str:

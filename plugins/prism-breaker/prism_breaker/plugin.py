@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable
 
 from aiohttp import web
 
@@ -25,38 +25,45 @@ from .endpoints import RUNTIME_NAME, add_routes
 from .runtime import Breaker
 from .settings import Settings
 from .sqlite_store import SqliteStore
+from .store import STORE_ROLE, BreakerStore, StoreProvider
 
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
     settings = Settings.from_config(generation.config, generation.catalog)
     catalog = generation.catalog
+    key, make_store = _store(generation, settings)
     # One breaker per state store, kept across reloads: health and overrides
     # survive; each generation hands it its own settings and catalog.
     breaker = generation.keep(
-        ("breaker", settings.state_path),
-        lambda: Breaker(
-            settings,
-            catalog,
-            generation.clock,
-            SqliteStore(settings.state_path),
-            generation.counters,
-        ),
+        ("breaker", key),
+        lambda: Breaker(settings, catalog, generation.clock, make_store(), generation.counters),
     )
     hooks = BreakerHooks(breaker, settings, catalog, generation.number)
     generation.cleanup_ctx.append(hooks.serving)
     generation.register(hooks, RUNTIME_NAME)
 
 
+def _store(
+    generation: Generation, settings: Settings
+) -> tuple[Hashable, Callable[[], BreakerStore]]:
+    """The store a plugin offers under ``breaker.store`` (prism-redis), else the SQLite file."""
+    provider: StoreProvider | None = generation.plugin(STORE_ROLE)
+    if provider is not None:
+        return provider.store_key, lambda: provider.breaker_store(settings)
+    return settings.state_path, lambda: SqliteStore(settings.state_path)
+
+
 @hookimpl
 def prism_workers(generation: Generation, count: int) -> str | None:
-    if generation.plugin(RUNTIME_NAME) is None:
-        return None
+    breaker = breaker_of(generation)
+    if breaker is None or breaker.fleet is not None:
+        return None  # off, or its state is shared by every process already
     return (
         f"prism-breaker keeps each binding's health and its one trial caller in one "
         f"process; {count} workers would each keep their own and let {count} trial callers "
-        "through. Run one worker, or disable the breaker ([prism] disable = breaker) until "
-        "its state can be shared"
+        "through. Run one worker, share the state through Redis (install prism-redis and "
+        "set [prism:redis] url), or disable the breaker ([prism] disable = breaker)"
     )
 
 
@@ -101,8 +108,10 @@ class BreakerHooks:
             self.breaker.select(call, route)
         return route
 
-    @hookimpl
-    def prism_admit_attempt(self, call: Call, binding: Binding) -> str | None:
+    @hookimpl(trylast=True)  # may answer with an awaitable: the others decide first
+    def prism_admit_attempt(
+        self, call: Call, binding: Binding
+    ) -> str | Awaitable[str | None] | None:
         return self.breaker.admit_attempt(call, binding)
 
     @hookimpl

@@ -6,6 +6,11 @@ hands it that generation's settings and catalog when the generation starts.
 The hooks only touch memory; transitions queue in the machine's outbox and
 a background task writes them, and re-reads overrides other writers made,
 off the hot path.
+
+With a store shared by several gateways (its ``fleet``), the background task
+also exchanges window counts, latency baselines and trial successes with the
+others and adopts the states they record; the one call that needs the fleet
+at once is a trial attempt, which leases its slot there first.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -32,11 +37,19 @@ from prism_proxy import (
     Verdict,
 )
 
-from .machine import Machine, Observation, Snapshot, State, Transition
+from .machine import BindingHealth, Machine, Observation, Snapshot, State, Transition
 from .overrides import Override, OverrideBook, check_target, iso
 from .settings import Settings
 from .sqlite_store import StoreError
-from .store import AuditEntry, BindingRecord, BreakerStore, StoredTransition
+from .store import (
+    AuditEntry,
+    BindingRecord,
+    BindingReport,
+    BreakerStore,
+    Fleet,
+    FleetView,
+    StoredTransition,
+)
 
 __all__ = ["HEADER", "Breaker", "WallClock"]
 
@@ -113,7 +126,8 @@ class Breaker:
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
         )
-        self.machine = Machine(settings)
+        self.fleet: Fleet | None = store.fleet
+        self.machine = Machine(settings, fleet=self.fleet is not None)
         self.overrides = OverrideBook()
         self.wall = WallClock.anchored(clock)
         self.last_store_error: str | None = None
@@ -124,8 +138,11 @@ class Breaker:
         #: Transitions a failed write left behind, oldest first.
         self._retry: list[Transition] = []
         self._warned_overdue: set[str] = set()
-        #: Someone else wrote overrides that are not read yet.
+        #: Someone else wrote overrides (or, with a fleet, states) not read yet.
         self._overrides_stale = False
+        self._records_stale = False
+        #: The fleet's engine came back: offer it our state (it may have lost its own).
+        self._republish = False
         self._used_by: dict[str, list[str]] = {}
         #: The generation whose catalog the breaker judges by, and its lines' fingerprints.
         self.generation = 0
@@ -172,7 +189,20 @@ class Breaker:
                 self.settings.source, "[prism:breaker] state_path", str(exc)
             ) from None
         try:
-            self.load(await self.store.load_bindings(), await self.store.active_overrides())
+            try:
+                self.load(await self.store.load_bindings(), await self.store.active_overrides())
+            except Exception:
+                if self.fleet is None:
+                    raise
+                # A shared engine that is down must not keep the gateway from serving.
+                log.warning(
+                    "breaker: the shared state store %s is unreachable; serving on local "
+                    "state until it answers",
+                    self.store.description,
+                )
+                self._records_stale = self._overrides_stale = self._republish = True
+            if self.fleet is not None:
+                self.fleet.watch(self._fleet_changed, self._fleet_back)
             self._stopping = False
             task = asyncio.create_task(self._background(), name="prism-breaker")
             try:
@@ -206,9 +236,20 @@ class Breaker:
                 log.info("breaker: %s resumes as %s (%s)", r.binding, r.state, r.cause)
         self.overrides.replace(overrides)
 
+    def _fleet_changed(self) -> None:
+        self._records_stale = self._overrides_stale = True
+        self._wake.set()
+
+    def _fleet_back(self) -> None:
+        self._records_stale = self._overrides_stale = self._republish = True
+        self._wake.set()
+
     async def _background(self) -> None:
         loop = asyncio.get_running_loop()
         next_refresh = loop.time()
+        every_s = self.settings.refresh_s
+        if self.fleet is not None:
+            every_s = min(every_s, self.fleet.interval_s)
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
@@ -219,8 +260,8 @@ class Breaker:
                 await self.flush()
                 if self._stopping:
                     return
-                if loop.time() >= next_refresh:
-                    next_refresh = loop.time() + self.settings.refresh_s
+                if loop.time() >= next_refresh or self._records_stale:
+                    next_refresh = loop.time() + every_s
                     await self.refresh()
             except Exception as exc:  # the store failing must not stop routing
                 error = f"{type(exc).__name__}: {exc}"
@@ -248,19 +289,43 @@ class Breaker:
                     t.cause,
                 )
             try:
-                await self.store.record_transitions([self._stored(t) for t in batch])
+                beaten = await self.store.record_transitions([self._stored(t) for t in batch])
             except Exception:
                 overflow = max(0, len(batch) - MAX_PENDING)
                 self.dropped_transitions += overflow
                 self._retry = batch[overflow:]
                 raise
             self.last_store_error = None
+            now = self.clock()
+            for record in beaten:  # another gateway moved first: its state is the truth
+                if self.machine.adopt(self._snapshot_from(record), now, force=True):
+                    log.info(
+                        "breaker: %s is %s (revision %d, recorded by another gateway)",
+                        record.binding,
+                        record.state,
+                        record.revision,
+                    )
 
     async def refresh(self) -> None:
         """Pick up overrides written elsewhere, move ended isolations to trial, end expired
         caps and warn about overrides past their review time."""
         if await self.store.changed():
             self._overrides_stale = True
+            self._records_stale = self.fleet is not None
+        if self._republish and self.fleet is not None:
+            await self.fleet.republish(
+                [self._stored_record(h.snapshot()) for h in self.machine.bindings.values()],
+                list(self.overrides.active.values()),
+            )
+            self._republish = False
+            log.info("breaker: the shared state store answers again; state republished")
+        if self._records_stale:
+            self._records_stale = False
+            try:
+                self._adopt_all(await self.store.load_bindings())
+            except BaseException:
+                self._records_stale = True
+                raise
         if self._overrides_stale:
             # changed() reports a write once: remember it until the overrides are
             # read, so a refresh that fails here leaves the next one to read them.
@@ -270,6 +335,8 @@ class Breaker:
         for key in list(self.machine.bindings):
             # Record window ends as they happen, not only when traffic comes by.
             self.machine.tick(key, now)
+        if self.fleet is not None:
+            await self._exchange(self.fleet)
         wall_now = self.wall.at(now)
         for override in self.overrides.expired(wall_now):
             entry = self._override_audit(override, "expire", "breaker", "cap expired", wall_now)
@@ -286,6 +353,84 @@ class Breaker:
                     override.owner,
                     iso(override.review_by),
                 )
+
+    def _adopt_all(self, records: list[BindingRecord]) -> None:
+        now = self.clock()
+        for record in records:
+            if record.binding not in self.catalog.bindings:
+                continue
+            if self.machine.adopt(self._snapshot_from(record), now):
+                log.log(
+                    logging.WARNING if record.state == State.ISOLATED else logging.INFO,
+                    "breaker: %s is %s (revision %d, from the fleet): %s",
+                    record.binding,
+                    record.state,
+                    record.revision,
+                    record.cause,
+                )
+
+    async def _exchange(self, fleet: Fleet) -> None:
+        """Tell the fleet what we saw, take in what the others saw, and judge by both.
+
+        What a failed exchange carried is dropped, not retried: while the fleet
+        is unreachable each gateway judges by its own evidence, and stale counts
+        arriving later would only blur the window the fleet judges by then.
+        """
+        reports = [self._report(h) for h in self.machine.bindings.values()]
+        try:
+            views = await fleet.exchange(
+                reports,
+                now=self.wall.now(),
+                window_s=self.settings.error_rate_window_s,
+                latency_window_s=self.settings.latency_window_s,
+            )
+        except Exception:
+            # Local-only decisions until the fleet answers: forget what others said.
+            for h in self.machine.bindings.values():
+                h.errors.others = (0, 0)
+                for track in h.latency.values():
+                    track.others = []
+            raise
+        now = self.clock()
+        for view in views:
+            self._take_view(view, now)
+        if self.machine.outbox:
+            self._wake.set()
+
+    def _report(self, h: BindingHealth) -> BindingReport:
+        """What ``h`` gathered since the last report (taken: it is not reported twice)."""
+        window: dict[int, list[int]] = {}
+        unsent, h.errors.unsent = h.errors.unsent or [], []
+        for at, failed in unsent:
+            bucket = window.setdefault(int(self.wall.at(at)), [0, 0])
+            bucket[0] += 1
+            bucket[1] += failed
+        trial = h.state is State.TRIAL
+        successes, h.trial_unsent = h.trial_unsent, 0
+        latency = {}
+        for kind, track in h.latency.items():
+            median = track.own_median()
+            if median is not None:
+                latency[kind] = (len(track.sorted_baseline), median)
+        return BindingReport(
+            binding=h.binding,
+            epoch=h.isolated_revision,
+            window=tuple((second, c, f) for second, (c, f) in sorted(window.items())),
+            latency=latency,
+            trial_revision=h.trial_revision if trial else None,
+            trial_successes=successes if trial else 0,
+        )
+
+    def _take_view(self, view: FleetView, now: float) -> None:
+        h = self.machine.bindings.get(view.binding)
+        if h is None:
+            return
+        h.errors.others = (view.calls, view.failures)
+        for kind, track in h.latency.items():
+            track.others = view.latency.get(kind, [])
+        if h.state is State.TRIAL:
+            h.trial_successes = max(h.trial_successes, view.trial_successes)
+        self.machine.judge(view.binding, now)
 
     # -- hooks -----------------------------------------------------------------
 
@@ -345,12 +490,14 @@ class Breaker:
                 return f"breaker: cap {cap} reached ({o.id})"
         return None
 
-    def admit_attempt(self, call: Call, binding: Binding) -> str | None:
+    def admit_attempt(self, call: Call, binding: Binding) -> str | Awaitable[str | None] | None:
         """May this call try ``binding`` now (a first try or a retry)?  None, or why not.
 
         The route was chosen before the call's earlier attempts ran; this sees
         what happened since.  The dispatch loop starts the attempt right after
         asking, without yielding to other calls, so a cap checked here is exact.
+        A trial attempt with a fleet answers with an awaitable: the slot is the
+        fleet's to give (:meth:`_fleet_trial`).
         """
         now = self.clock()
         held = self._held_by_operator(binding, now, self.wall.at(now))
@@ -363,12 +510,13 @@ class Breaker:
         retry = bool(call.attempts) and call.attempts[-1].binding.id == key
         if not retry:
             if key in state.trials and self.machine.tick(key, now).state is State.TRIAL:
-                return None  # the trial slot reserved when the route was chosen
+                # The trial slot reserved when the route was chosen.
+                return self._fleet_trial(call, binding, state.trials[key])
             if key in state.stand_down:
                 return None  # a stand-down tries each binding once, whatever its state
         stale = state.trials.pop(key, None)
         if stale is not None:  # the trial it was reserved for has ended
-            self.machine.release(key, stale)
+            self._release_trial(key, stale)
         # The routing rule again, now: an isolated binding (the failure just before
         # this retry may have isolated it, or a trial just failed) is not tried, and
         # an attempt on a binding in trial needs a trial slot of its own.
@@ -377,7 +525,57 @@ class Breaker:
             state.trials[key] = admission.trial_token
         if self.machine.outbox:
             self._wake.set()
-        return None if admission.admitted else admission.reason
+        if not admission.admitted:
+            return admission.reason
+        if admission.trial_token is not None:
+            return self._fleet_trial(call, binding, admission.trial_token)
+        return None
+
+    def _fleet_trial(
+        self, call: Call, binding: Binding, token: int
+    ) -> Awaitable[str | None] | None:
+        """With a fleet that answers, the trial slot must also be the fleet's."""
+        fleet = self.fleet
+        if fleet is None or not fleet.healthy:
+            return None  # one gateway, or the fleet unreachable: our own slot decides
+        return self._take_fleet_trial(fleet, call, binding, token)
+
+    async def _take_fleet_trial(
+        self, fleet: Fleet, call: Call, binding: Binding, token: int
+    ) -> str | None:
+        s = self.settings
+        key = binding.id
+        try:
+            taken = await fleet.take_trial(
+                key,
+                token,
+                max_in_flight=s.trial_max_in_flight,
+                lease_s=s.trial_lease_s,
+                spacing_s=s.trial_spacing_s,
+            )
+        except Exception:
+            taken = True  # the fleet went away while we asked: our own slot decides
+            self.counters["breaker_fleet_trial_local"] += 1
+        state = self._call_state(call)
+        if not taken:
+            state.trials.pop(key, None)
+            self.machine.release(key, token)
+            return "breaker: trial in progress on another gateway"
+        # Concurrent calls ran while we waited: the binding may have left its trial
+        # (another gateway's trial failed) or an operator's cap may have filled.
+        now = self.clock()
+        held = self._held_by_operator(binding, now, self.wall.at(now))
+        health = self.machine.tick(key, now)
+        if held is not None or health.state is not State.TRIAL:
+            state.trials.pop(key, None)
+            self._release_trial(key, token)
+            return held or f"breaker: {health.state}"
+        return None
+
+    def _release_trial(self, key: str, token: int) -> None:
+        self.machine.release(key, token)
+        if self.fleet is not None:
+            self.fleet.end_trial(key, token)
 
     def attempt_start(self, call: Call, attempt: Attempt) -> None:
         key = attempt.binding.id
@@ -419,7 +617,7 @@ class Breaker:
         state = call.extensions.get("breaker")
         if isinstance(state, CallState):
             for key, token in state.trials.items():
-                self.machine.release(key, token)  # reserved but never reached
+                self._release_trial(key, token)  # reserved but never reached
             state.trials.clear()
 
     def _end_attempt(self, key: str, tag: AttemptTag) -> None:
@@ -427,7 +625,7 @@ class Breaker:
             tag.in_flight = False
             self.machine.get(key, self.clock()).in_flight -= 1
         if tag.trial_token is not None:
-            self.machine.release(key, tag.trial_token)
+            self._release_trial(key, tag.trial_token)
             tag.trial_token = None
 
     @staticmethod
@@ -575,17 +773,16 @@ class Breaker:
                 "pending_writes": len(self.machine.outbox) + len(self._retry),
                 "dropped_writes": self.dropped_transitions,
                 "last_error": self.last_store_error,
+                "shared": None if self.fleet is None else self.fleet.healthy,
             },
         }
 
     # -- persistence conversions -------------------------------------------------
 
     def _stored(self, t: Transition) -> StoredTransition:
-        s = t.snapshot
-        wall = self.wall.at
         return StoredTransition(
             audit=AuditEntry(
-                at=wall(t.at),
+                at=self.wall.at(t.at),
                 actor="breaker",
                 action="transition",
                 subject=t.binding,
@@ -595,18 +792,22 @@ class Breaker:
                 to_state=str(t.to_state),
                 revision=t.revision,
             ),
-            record=BindingRecord(
-                binding=s.binding,
-                state=str(s.state),
-                cause=s.cause,
-                since=wall(s.since),
-                revision=s.revision,
-                isolated_revision=s.isolated_revision,
-                step=s.step,
-                isolated_until=None if s.isolated_until is None else wall(s.isolated_until),
-                restored_at=None if s.restored_at is None else wall(s.restored_at),
-                trial_since=None if s.trial_since is None else wall(s.trial_since),
-            ),
+            record=self._stored_record(t.snapshot),
+        )
+
+    def _stored_record(self, s: Snapshot) -> BindingRecord:
+        wall = self.wall.at
+        return BindingRecord(
+            binding=s.binding,
+            state=str(s.state),
+            cause=s.cause,
+            since=wall(s.since),
+            revision=s.revision,
+            isolated_revision=s.isolated_revision,
+            step=s.step,
+            isolated_until=None if s.isolated_until is None else wall(s.isolated_until),
+            restored_at=None if s.restored_at is None else wall(s.restored_at),
+            trial_since=None if s.trial_since is None else wall(s.trial_since),
         )
 
     def _snapshot_from(self, r: BindingRecord) -> Snapshot:
@@ -629,4 +830,3 @@ def _subject(override: Override) -> str:
     if override.scope == "binding":
         return override.target
     return f"{override.scope}:{override.target}"
-

@@ -25,7 +25,7 @@ import orjson
 
 from .overrides import Override
 from .settings import MEMORY
-from .store import AuditEntry, BindingRecord, StoredTransition
+from .store import AuditEntry, BindingRecord, Fleet, StoredTransition
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "StoreError"]
 
@@ -87,6 +87,9 @@ class StoreError(Exception):
 
 class SqliteStore:
     """Breaker state in one SQLite file, or in memory for ``:memory:``."""
+
+    #: One process writes a file: nothing to coordinate with.
+    fleet: Fleet | None = None
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -175,7 +178,9 @@ class SqliteStore:
 
         return await self._run(load)
 
-    async def record_transitions(self, transitions: Sequence[StoredTransition]) -> None:
+    async def record_transitions(
+        self, transitions: Sequence[StoredTransition]
+    ) -> Sequence[BindingRecord]:
         def write(conn: sqlite3.Connection) -> None:
             with _transaction(conn):
                 for t in transitions:
@@ -207,6 +212,7 @@ class SqliteStore:
 
         if transitions:
             await self._run(write)
+        return ()
 
     # -- overrides -----------------------------------------------------------
 

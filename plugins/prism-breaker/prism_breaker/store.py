@@ -3,20 +3,39 @@
 The gateway keeps the truth for routing in memory and writes here off the
 hot path; it reads here at start-up and, periodically, to pick up overrides
 written by someone else (the CLI, another replica).  :class:`BreakerStore`
-is deliberately small so a Redis-backed store shared by several replicas
-can replace the SQLite one without touching the state machine.
+is deliberately small so a store shared by several gateways (prism-redis)
+can replace the SQLite one without touching the state machine; such a store
+also offers a :class:`Fleet`: trial slots, windows and trial evidence that
+every gateway sharing it combines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from .overrides import Override, iso
 
-__all__ = ["AuditEntry", "BindingRecord", "BreakerStore", "StoredTransition"]
+if TYPE_CHECKING:
+    from .settings import Settings
+
+__all__ = [
+    "STORE_ROLE",
+    "AuditEntry",
+    "BindingRecord",
+    "BindingReport",
+    "BreakerStore",
+    "Fleet",
+    "FleetView",
+    "StoreProvider",
+    "StoredTransition",
+]
+
+#: The name under which a plugin registers its :class:`StoreProvider` (tryfirst
+#: in ``prism_generation``, so it is there when the breaker looks).
+STORE_ROLE = "breaker.store"
 
 
 @attrs.frozen
@@ -98,7 +117,24 @@ class BreakerStore(Protocol):
 
     async def load_bindings(self) -> list[BindingRecord]: ...
 
-    async def record_transitions(self, transitions: Sequence[StoredTransition]) -> None: ...
+    #: Fleet-wide coordination, when several gateways share this store; else None.
+    fleet: Fleet | None
+
+    async def record_transitions(
+        self, transitions: Sequence[StoredTransition]
+    ) -> Sequence[BindingRecord]:
+        """Write automatic transitions, oldest first; returns the records that won instead.
+
+        A shared store applies a transition only on top of the revision it
+        was made from (or on a binding it has no record of).  When another
+        gateway moved first, a trip from an open state (eligible or suspect)
+        onto a stored open state still lands, renumbered after the stored
+        revision; any other transition is not written.  Either way the later
+        transitions of that binding in the batch are dropped and its stored
+        record comes back, for the caller to adopt.  A store with one writer
+        returns nothing.
+        """
+        ...
 
     async def active_overrides(self) -> list[Override]:
         """Overrides not yet released or expired-and-recorded."""
@@ -123,3 +159,91 @@ class BreakerStore(Protocol):
     async def changed(self) -> bool:
         """Did anyone else write since the last call?  Cheap; polled off the hot path."""
         ...
+
+
+@attrs.frozen
+class BindingReport:
+    """What one gateway tells the fleet about a binding since its last report."""
+
+    binding: str
+    #: The binding's ``isolated_revision``: each isolation starts a fresh window.
+    epoch: int
+    #: New window entries: (wall-clock second, calls, failures).
+    window: tuple[tuple[int, int, int], ...]
+    #: Its own latency baseline now, by kind: (samples, median ms).
+    latency: dict[str, tuple[int, float]]
+    #: The trial it is counting successes for (its revision), and new successes.
+    trial_revision: int | None = None
+    trial_successes: int = 0
+
+
+@attrs.frozen
+class FleetView:
+    """What the other gateways saw of a binding, as the fleet's reply to a report."""
+
+    binding: str
+    calls: int = 0
+    failures: int = 0
+    #: The other gateways' latency baselines, by kind: [(samples, median ms)].
+    latency: dict[str, list[tuple[int, float]]] = attrs.field(factory=dict)
+    #: Trial successes the whole fleet counted for the reported trial.
+    trial_successes: int = 0
+
+
+class Fleet(Protocol):
+    """What a store shared by several gateways adds to the breaker.
+
+    Every method may fail when the shared engine is unreachable; the breaker
+    then decides from its own evidence alone until :attr:`healthy` is True
+    again, and republishes its state so the fleet converges.
+    """
+
+    @property
+    def healthy(self) -> bool:
+        """False while the shared engine is unreachable."""
+        ...
+
+    #: How often the breaker exchanges reports with the fleet (seconds).
+    interval_s: float
+
+    async def exchange(
+        self,
+        reports: Sequence[BindingReport],
+        *,
+        now: float,
+        window_s: float,
+        latency_window_s: float,
+    ) -> list[FleetView]:
+        """Add this gateway's reports; return, per report, what the others saw in the
+        ``window_s`` (``latency_window_s``) before ``now`` (wall-clock seconds)."""
+        ...
+
+    async def take_trial(
+        self, binding: str, token: int, *, max_in_flight: int, lease_s: float, spacing_s: float
+    ) -> bool:
+        """One of the binding's fleet-wide trial slots, leased for ``lease_s``."""
+        ...
+
+    def end_trial(self, binding: str, token: int) -> None:
+        """Give a trial slot back (in the background: it never blocks a call)."""
+        ...
+
+    async def republish(
+        self, records: Sequence[BindingRecord], overrides: Sequence[Override]
+    ) -> None:
+        """Offer this gateway's state to a shared engine that may have lost it (a restart);
+        a record older than the stored one and an override already there change nothing."""
+        ...
+
+    def watch(self, changed: Callable[[], None], back: Callable[[], None]) -> None:
+        """Call ``changed`` when another gateway wrote, ``back`` when the engine returns."""
+        ...
+
+
+class StoreProvider(Protocol):
+    """A plugin's offer of a breaker store, registered under :data:`STORE_ROLE`."""
+
+    #: Identifies the store: breakers are kept per key across reloads.
+    store_key: Hashable
+
+    def breaker_store(self, settings: Settings) -> BreakerStore: ...

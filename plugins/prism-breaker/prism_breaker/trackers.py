@@ -14,35 +14,54 @@ __all__ = ["ErrorWindow", "LatencyTrack", "Slowness", "percentile"]
 
 @attrs.define
 class ErrorWindow:
-    """Counted outcomes (success or failure) over the last ``window_s`` seconds."""
+    """Counted outcomes (success or failure) over the last ``window_s`` seconds.
+
+    With a fleet, ``others`` holds what the other gateways counted in the
+    same window (refreshed off the hot path) and ``unsent`` this gateway's
+    entries they have not been told of yet.
+    """
 
     window_s: float
     entries: collections.deque[tuple[float, bool]] = attrs.field(factory=collections.deque)
-    failures: int = 0
+    own_failures: int = 0
+    #: The other gateways' (calls, failures) in this window.
+    others: tuple[int, int] = (0, 0)
+    #: Entries not yet reported to the fleet (None: no fleet to report to).
+    unsent: list[tuple[float, bool]] | None = None
 
     def add(self, now: float, failed: bool) -> None:
         self.prune(now)
         self.entries.append((now, failed))
-        self.failures += failed
+        self.own_failures += failed
+        if self.unsent is not None:
+            self.unsent.append((now, failed))
 
     def prune(self, now: float) -> None:
         horizon = now - self.window_s
         entries = self.entries
         while entries and entries[0][0] <= horizon:
             _, failed = entries.popleft()
-            self.failures -= failed
+            self.own_failures -= failed
 
     @property
     def calls(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + self.others[0]
+
+    @property
+    def failures(self) -> int:
+        return self.own_failures + self.others[1]
 
     @property
     def rate(self) -> float:
-        return self.failures / len(self.entries) if self.entries else 0.0
+        calls = self.calls
+        return self.failures / calls if calls else 0.0
 
     def clear(self) -> None:
         self.entries.clear()
-        self.failures = 0
+        self.own_failures = 0
+        self.others = (0, 0)
+        if self.unsent is not None:
+            self.unsent.clear()
 
 
 class Slowness(enum.Enum):
@@ -76,6 +95,8 @@ class LatencyTrack:
     sorted_baseline: list[float] = attrs.field(factory=list)
     slow_since: float | None = None
     slow_count: int = 0
+    #: The other gateways' baselines, as (samples, median ms); empty without a fleet.
+    others: list[tuple[int, float]] = attrs.field(factory=list)
 
     def observe(self, now: float, ms: float) -> Slowness:
         self.prune(now)
@@ -97,9 +118,32 @@ class LatencyTrack:
         return Slowness.NORMAL
 
     def median(self) -> float | None:
-        """The baseline median, or None while there are too few samples to judge."""
+        """The baseline median, or None while there are too few samples to judge.
+
+        With a fleet, the median of every gateway's baseline median weighted
+        by its samples: close to the fleet's true median when the gateways
+        see the same upstream, at the cost of one pair of numbers each.
+        """
+        own = self.own_median()
+        if not self.others:
+            return own if len(self.sorted_baseline) >= self.min_samples else None
+        parts = [*self.others]
+        if own is not None:
+            parts.append((len(self.sorted_baseline), own))
+        total = sum(count for count, _ in parts)
+        if total < self.min_samples:
+            return None
+        seen = 0
+        for count, median in sorted(parts, key=lambda part: part[1]):
+            seen += count
+            if 2 * seen >= total:
+                return median
+        return None  # unreachable: the counts add up to total
+
+    def own_median(self) -> float | None:
+        """This gateway's baseline median, however few samples it has (None: none)."""
         values = self.sorted_baseline
-        if len(values) < self.min_samples:
+        if not values:
             return None
         mid = len(values) // 2
         if len(values) % 2:

@@ -194,7 +194,7 @@ class FailingWrites:
         if self.failures > 0:
             self.failures -= 1
             raise OSError("disk full")
-        await self.store.record_transitions(transitions)
+        return await self.store.record_transitions(transitions)
 
 
 async def test_a_failing_store_never_stops_routing_and_catches_up(

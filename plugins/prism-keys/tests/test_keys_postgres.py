@@ -49,8 +49,6 @@ def write_ini(tmp_path: Path, keys_section: str) -> Path:
     return path
 
 
-
-
 async def replicas(prism_gateway: Any, prism_fake: Any, url: str, refresh_s: float) -> list[Any]:
     catalog = {
         "providers": {"alpha": {"kind": "openai", "base_url": prism_fake.base_url("ok")}},

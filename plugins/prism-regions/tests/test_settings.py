@@ -166,9 +166,7 @@ def test_org_regions_warns_of_a_region_no_line_serves(tmp_path, capsys):
     ini = str(tmp_path / "prism.ini")
     assert main(["keys", "create", "--org", "acme", "--scopes", "chat", "--config", ini]) == 0
     capsys.readouterr()
-    status = main(
-        ["keys", "org-regions", "acme", "--set", "eu-west-1,eu-north-1", "--config", ini]
-    )
+    status = main(["keys", "org-regions", "acme", "--set", "eu-west-1,eu-north-1", "--config", ini])
     err = capsys.readouterr().err
     assert status == 0
     assert "warning: regions: no line of" in err and "serves from eu-north-1" in err

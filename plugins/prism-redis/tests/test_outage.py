@@ -1,0 +1,67 @@
+"""Redis dies mid-run: every call is still served, /readyz says so, and the fleet converges."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prism_fake_upstream import Fault
+
+from .conftest import binding_state, chat, get_json, two_line_catalog, until
+
+
+async def shared_state(url: str) -> str:
+    return str((await get_json(url, "/readyz"))["shared_state"])
+
+
+async def test_a_dead_redis_degrades_serving_never_stops_and_state_converges(
+    prism_fake, fleet, private_redis
+):
+    await private_redis.started()
+    a, b = await fleet(2, two_line_catalog(prism_fake), url=private_redis.url)
+    assert [await shared_state(gw.url) for gw in (a, b)] == ["ok", "ok"]
+
+    private_redis.kill()
+    started = time.monotonic()
+    answers = await asyncio.gather(*(chat(gw.url) for gw in (a, b) for _ in range(5)))
+    assert [x.status for x in answers] == [200] * 10
+    assert time.monotonic() - started < 5  # nothing waits on the dead Redis
+
+    async def degraded() -> bool:
+        return [await shared_state(gw.url) for gw in (a, b)] == ["degraded", "degraded"]
+
+    await until(degraded, timeout_s=5)
+    readyz = await get_json(a.url, "/readyz")
+    assert readyz["status"] == "ready" and readyz["redis"]["outages"] == 1
+
+    # While Redis is away, A trips x on its own evidence; B cannot know yet.
+    prism_fake.script("x", [Fault(status=500)] * 3)
+    for _ in range(3):
+        assert (await chat(a.url)).status == 200
+    assert await binding_state(a.url, "x/up-x") == "isolated"
+    assert await binding_state(b.url, "x/up-x") == "eligible"
+
+    # Redis comes back empty (it keeps nothing on disk): A's state reaches B.
+    await private_redis.started()
+
+    async def converged() -> bool:
+        ok = [await shared_state(gw.url) for gw in (a, b)] == ["ok", "ok"]
+        return ok and await binding_state(b.url, "x/up-x") == "isolated"
+
+    await until(converged, timeout_s=10)
+    answer = await chat(b.url)
+    assert answer.provider == "ok" and "x/up-x skipped breaker:-isolated" in answer.log
+
+
+async def test_a_gateway_starts_while_redis_is_down_and_joins_when_it_answers(
+    prism_fake, fleet, private_redis
+):
+    (a,) = await fleet(1, two_line_catalog(prism_fake), url=private_redis.url)
+    assert await shared_state(a.url) == "degraded"
+    assert (await chat(a.url)).status == 200
+    await private_redis.started()
+
+    async def joined() -> bool:
+        return await shared_state(a.url) == "ok"
+
+    await until(joined, timeout_s=10)
