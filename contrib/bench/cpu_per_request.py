@@ -5,9 +5,12 @@ else runs; the CPU a proxy process spends per request does not.  This script
 starts the fake upstream, the bare proxy and ``prism serve`` (one provider, one
 model), drives each with ``wrk -t2 -c16`` for a few seconds, non-streaming and
 streaming, and prints the process CPU time (user + system, from /proc) divided
-by the requests served.  Linux only.
+by the requests served, and the calls per second wrk saw.  Linux only.
+``--workers N`` adds ``prism serve --workers N`` (its CPU is the supervisor's
+and every worker's) and, to compare it with, one process with the same
+configuration; both share the breaker's state through prism-redis (``--redis``).
 
-    python contrib/bench/cpu_per_request.py [--duration 4] [--routing]
+    python contrib/bench/cpu_per_request.py [--duration 4] [--routing] [--workers 2]
 """
 
 from __future__ import annotations
@@ -25,12 +28,35 @@ from run import write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-UPSTREAM, BARE, PRISM, ROUTED = 18977, 18979, 18978, 18976
+UPSTREAM, BARE, PRISM, ROUTED, WORKERS, SHARED = 18977, 18979, 18978, 18976, 18975, 18974
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of ``pid`` and of its living descendants (a supervisor's workers)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+    tree, grown = {pid}, True
+    while grown:
+        more = {child for child, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    ticks = 0
+    for member in tree:
+        try:
+            fields = _stat(member)
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def load(port: int, stream: bool, duration: int) -> int:
@@ -56,7 +82,7 @@ def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def main(duration: int, routing: bool) -> None:
+async def main(duration: int, routing: bool, workers: int, redis_url: str) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
         config = write_prism_config(Path(scratch), PRISM, upstream_base)
@@ -79,6 +105,25 @@ async def main(duration: int, routing: bool) -> None:
         if routing:
             routed = start([BIN / "prism", "serve", "--config", routed_config])
             targets.append(("prism+route", routed, ROUTED))
+        if workers > 1:
+            # The breaker refuses workers unless its state is shared: both targets
+            # share it through Redis, so they differ only in the process count.
+            for name, port, count in (
+                ("prism+redis", SHARED, 1),
+                (f"prism x{workers}", WORKERS, workers),
+            ):
+                here = Path(scratch) / name
+                here.mkdir()
+                ini = write_prism_config(here, port, upstream_base, redis_url=redis_url)
+                argv: list[str | Path] = [
+                    BIN / "prism",
+                    "serve",
+                    "--config",
+                    ini,
+                    "--workers",
+                    str(count),
+                ]
+                targets.append((name, start(argv), port))
         try:
             await asyncio.sleep(3)
             for stream in (False, True):
@@ -88,10 +133,16 @@ async def main(duration: int, routing: bool) -> None:
                     spent = cpu_seconds(process.pid) - before
                     kind = "stream    " if stream else "non-stream"
                     each = spent / served * 1e6
-                    print(f"{kind} {name:10} {served:6d} requests  {each:5.0f} us CPU each")
+                    rate = served / duration
+                    print(
+                        f"{kind} {name:11} {served:6d} requests {rate:7.0f}/s "
+                        f"{each:5.0f} us CPU each"
+                    )
         finally:
             for process in (upstream, *(target[1] for target in targets)):
-                process.kill()
+                process.terminate()
+            for process in (upstream, *(target[1] for target in targets)):
+                process.wait(15)
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
@@ -102,8 +153,17 @@ def cli(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="also measure Prism with regions, the compatibility gate and a scoring group on",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="also measure prism serve --workers N (N > 1) and one process, both with prism-redis",
+    )
+    parser.add_argument(
+        "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
+    )
     args = parser.parse_args(argv)
-    asyncio.run(main(args.duration, args.routing))
+    asyncio.run(main(args.duration, args.routing, args.workers, args.redis))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,16 @@ def main(args: argparse.Namespace) -> None:
             ),
             "prism": ([str(BIN / "prism"), "serve", "--config", str(config)], "/readyz"),
         }
+        if args.redis:
+            # The same, its breaker state shared through prism-redis (background
+            # exchanges included: they run while the requests are counted).
+            shared_dir = Path(scratch) / "redis"
+            shared_dir.mkdir()
+            shared = write_prism_config(shared_dir, PROXY, upstream_base, redis_url=args.redis)
+            proxies["prism+redis"] = (
+                [str(BIN / "prism"), "serve", "--config", str(shared)],
+                "/readyz",
+            )
         upstream = subprocess.Popen(
             [BIN / "prism-fake-upstream", "--port", str(UPSTREAM)],
             stdout=subprocess.DEVNULL,
@@ -135,7 +145,7 @@ def main(args: argparse.Namespace) -> None:
                 each = {}
                 for name, (argv, ready_path) in proxies.items():
                     each[name] = count(argv, ready_path, stream, args)
-                    print(f"{kind} {name:10} {each[name]:11,.0f} instructions per request")
+                    print(f"{kind} {name:11} {each[name]:11,.0f} instructions per request")
                 ratio = each["bare proxy"] / each["prism"]
                 print(f"{kind} bare proxy / prism {ratio:.2f}x (as 'vs bare' in run.py)")
         finally:
@@ -148,6 +158,9 @@ def cli(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200, help="requests before counting (200)")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
     parser.add_argument("--scenario", default="ok", help="fake upstream scenario (ok; slow)")
+    parser.add_argument(
+        "--redis", metavar="URL", help="also count Prism sharing its state through this Redis"
+    )
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:

@@ -302,7 +302,12 @@ ROUTING_GATE = 'capabilities = ["tools", "vision"], max_context_tokens = 100000'
 
 
 def write_prism_config(
-    directory: Path, port: int, upstream_base: str, *, routing: bool = False
+    directory: Path,
+    port: int,
+    upstream_base: str,
+    *,
+    routing: bool = False,
+    redis_url: str | None = None,
 ) -> Path:
     if routing:
         catalog = ROUTING_CATALOG.format(base=upstream_base, model=MODEL, gate=ROUTING_GATE)
@@ -325,6 +330,11 @@ def write_prism_config(
         # Nothing is in flight when we stop it; don't wait the default 30 s.
         "shutdown_grace_s = 1\n"
         + ("[prism:regions]\ndefault = eu-west-1\n" if routing else "")
+        + (
+            f"[prism:redis]\nurl = {redis_url}\nkey_prefix = prism-bench-{port}\n"
+            if redis_url
+            else ""
+        )
     )
     return ini
 

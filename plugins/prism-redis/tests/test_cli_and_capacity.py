@@ -12,7 +12,7 @@ from prism_fake_upstream import Fault
 
 from prism_proxy.testing import RedisUnderTest
 
-from .conftest import chat, two_line_catalog, until
+from .conftest import chat, get_json, two_line_catalog, until
 
 
 async def prism_cli(ini: Path, *args: str) -> tuple[int, str, str]:
@@ -112,3 +112,29 @@ async def test_a_queued_call_gets_a_slot_another_gateway_gave_back(prism_fake, f
 
 async def _hits(fake: Any, scenario: str, n: int) -> bool:
     return bool(fake.hits(scenario) >= n)
+
+
+async def test_an_ordinary_call_makes_no_redis_round_trip_and_a_limited_line_one(
+    prism_fake, fleet
+):
+    catalog = two_line_catalog(prism_fake)
+    catalog["models"]["limited"] = {
+        "chain": [{"provider": "ok", "model": "up-ok", "max_concurrency": 4}]
+    }
+    (gw,) = await fleet(1, catalog)
+    background = {"ping", "breaker_poll", "breaker_exchange", "breaker_read"}
+    for _ in range(20):
+        assert (await chat(gw.url)).status == 200
+    trips = (await get_json(gw.url, "/readyz"))["redis"]["round_trips"]
+    assert set(trips) <= background, trips
+
+    for _ in range(10):
+        assert (await chat(gw.url, "limited")).status == 200
+
+    async def released() -> bool:
+        trips = (await get_json(gw.url, "/readyz"))["redis"]["round_trips"]
+        return trips.get("capacity_release") == 10
+
+    await until(released, timeout_s=5)
+    trips = (await get_json(gw.url, "/readyz"))["redis"]["round_trips"]
+    assert trips["capacity_lease"] == 10
