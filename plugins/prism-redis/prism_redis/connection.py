@@ -10,6 +10,7 @@ breaker republishes its state so a Redis that restarted empty converges).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -42,8 +43,14 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
 class SharedRedis:
     """The client, the health flag, the change channel and fire-and-forget writes."""
 
-    def __init__(self, settings: RedisSettings) -> None:
+    def __init__(
+        self, settings: RedisSettings, counters: collections.Counter[str] | None = None
+    ) -> None:
         self.settings = settings
+        #: The gateway's event counters (``/prism/stats``): outages and returns.
+        self.counters: collections.Counter[str] = (
+            counters if counters is not None else collections.Counter()
+        )
         self.prefix = settings.key_prefix
         #: This process among the fleet: names its window fields and its leases.
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -101,6 +108,7 @@ class SharedRedis:
         if self.healthy:
             self.healthy = False
             self.outages += 1
+            self.counters["redis_outages"] += 1
             log.warning(
                 "redis: %s does not answer (%s); serving on local state, deciding locally",
                 self.settings.where,
@@ -165,6 +173,7 @@ class SharedRedis:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 continue
             self.healthy = True
+            self.counters["redis_recoveries"] += 1
             log.warning("redis: %s answers again; converging", self.settings.where)
             for back in self._back:
                 back()

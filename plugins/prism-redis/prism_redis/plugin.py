@@ -32,7 +32,7 @@ def prism_generation(generation: Generation) -> None:
     if settings is None:
         return
     where = (settings.url, settings.key_prefix)
-    shared = generation.keep(("redis", *where), lambda: SharedRedis(settings))
+    shared = generation.keep(("redis", *where), lambda: SharedRedis(settings, generation.counters))
     generation.capacity = generation.keep(("redis.capacity", *where), lambda: FleetCapacity(shared))
     generation.register(RedisLink(shared), LINK_NAME)
     generation.register(StoreOffer(shared, ("redis", *where)), STORE_ROLE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 import attrs
 
@@ -32,7 +33,7 @@ class RedisSettings:
     @property
     def where(self) -> str:
         """The URL without its password, and the prefix: for logs, health and errors."""
-        return f"{redact_url(self.url)} (prefix {self.key_prefix})"
+        return f"{_shown(self.url)} (prefix {self.key_prefix})"
 
     @classmethod
     def from_config(cls, config: Config) -> RedisSettings | None:
@@ -44,7 +45,7 @@ class RedisSettings:
             return None
         if not url.startswith(_SCHEMES):
             raise section.error(
-                "url", f"must start with {', '.join(_SCHEMES)} (got {redact_url(url)!r})"
+                "url", f"must start with {', '.join(_SCHEMES)} (got {_shown(url)!r})"
             )
         prefix = section.get_str("key_prefix") or "prism"
         if not _PREFIX.fullmatch(prefix):
@@ -56,3 +57,12 @@ class RedisSettings:
             timeout_ms=section.get_int("timeout_ms", 250, min=10, max=10_000),
             lease_s=section.get_float("lease_s", 60.0, min=5.0, max=3600.0),
         )
+
+
+def _shown(url: str) -> str:
+    """``url`` safe to show: no password, and no query (``unix://...?password=`` has one)."""
+    shown = redact_url(url)
+    try:
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(shown)._replace(query=""))
+    except ValueError:
+        return shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shutil
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
@@ -133,11 +134,13 @@ class PrivateRedis:
 
     port: int
     workdir: Path
+    #: It asks for one, so tests can check it never shows.
+    password: str = "pw-" + secrets.token_hex(8)
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -153,6 +156,8 @@ class PrivateRedis:
                 "no",
                 "--dir",
                 str(self.workdir),
+                "--requirepass",
+                self.password,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -114,9 +114,7 @@ async def _hits(fake: Any, scenario: str, n: int) -> bool:
     return bool(fake.hits(scenario) >= n)
 
 
-async def test_an_ordinary_call_makes_no_redis_round_trip_and_a_limited_line_one(
-    prism_fake, fleet
-):
+async def test_an_ordinary_call_makes_no_redis_round_trip_and_a_limited_line_one(prism_fake, fleet):
     catalog = two_line_catalog(prism_fake)
     catalog["models"]["limited"] = {
         "chain": [{"provider": "ok", "model": "up-ok", "max_concurrency": 4}]

@@ -15,7 +15,7 @@ async def shared_state(url: str) -> str:
 
 
 async def test_a_dead_redis_degrades_serving_never_stops_and_state_converges(
-    prism_fake, fleet, private_redis
+    prism_fake, fleet, private_redis, caplog
 ):
     await private_redis.started()
     a, b = await fleet(2, two_line_catalog(prism_fake), url=private_redis.url)
@@ -33,6 +33,9 @@ async def test_a_dead_redis_degrades_serving_never_stops_and_state_converges(
     await until(degraded, timeout_s=5)
     readyz = await get_json(a.url, "/readyz")
     assert readyz["status"] == "ready" and readyz["redis"]["outages"] == 1
+    assert (await get_json(a.url, "/prism/stats"))["counters"]["redis_outages"] == 1
+    assert readyz["redis"]["where"].startswith("redis://:***@127.0.0.1")
+    assert private_redis.password not in str(readyz)
 
     # While Redis is away, A trips x on its own evidence; B cannot know yet.
     prism_fake.script("x", [Fault(status=500)] * 3)
@@ -51,6 +54,8 @@ async def test_a_dead_redis_degrades_serving_never_stops_and_state_converges(
     await until(converged, timeout_s=10)
     answer = await chat(b.url)
     assert answer.provider == "ok" and "x/up-x skipped breaker:-isolated" in answer.log
+    assert "does not answer" in caplog.text and "answers again" in caplog.text
+    assert private_redis.password not in caplog.text
 
 
 async def test_a_gateway_starts_while_redis_is_down_and_joins_when_it_answers(

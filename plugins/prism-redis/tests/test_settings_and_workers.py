@@ -25,7 +25,8 @@ def build(redis: dict | None) -> object:
 @pytest.mark.parametrize(
     ("redis", "key", "needle"),
     [
-        ({"url": "http://h:6379"}, "url", "must start with redis://"),
+        ({"url": "http://:secret@h:6379"}, "url", "must start with redis://"),
+        ({"url": "unix:///tmp/r.sock?password=secret", "sync_s": "0"}, "sync_s", ""),
         ({"url": "redis://:secret@h:6379"}, None, None),
         ({"url": "redis://h", "key_prefix": "has space"}, "key_prefix", "1 to 64"),
         ({"url": "redis://h", "sync_s": "0"}, "sync_s", ""),
@@ -41,6 +42,13 @@ def test_settings_are_checked_and_the_password_never_shows(redis, key, needle):
     assert info.value.key == f"[prism:redis] {key}"
     assert needle in str(info.value)
     assert "secret" not in str(info.value)
+
+
+def test_where_redis_is_shows_no_password():
+    from prism_redis import RedisSettings
+
+    for url in ("redis://:secret@h:6379/0", "unix:///tmp/r.sock?password=secret"):
+        assert "secret" not in RedisSettings(url).where
 
 
 def test_without_a_url_the_plugin_changes_nothing():
