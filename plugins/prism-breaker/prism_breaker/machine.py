@@ -495,6 +495,16 @@ class Machine:
         lived in memory); the trial starts its observation period again.
         """
         b = self.get(snap.binding, now)
+        self._take(b, snap, now)
+        if snap.state is State.TRIAL:
+            b.trial_revision = snap.revision
+            b.trial_since = now
+            b.trial_successes = 0
+            b.next_slot_at = now
+
+    @staticmethod
+    def _take(b: BindingHealth, snap: Snapshot, now: float) -> None:
+        """Copy onto ``b`` what ``snap`` records (a trial's own fields are the caller's)."""
         b.state = snap.state
         b.cause = snap.cause
         b.since = snap.since
@@ -505,11 +515,6 @@ class Machine:
         b.restored_at = snap.restored_at
         if snap.state is State.ISOLATED:
             b.next_slot_at = snap.isolated_until if snap.isolated_until is not None else now
-        elif snap.state is State.TRIAL:
-            b.trial_revision = snap.revision
-            b.trial_since = now
-            b.trial_successes = 0
-            b.next_slot_at = now
 
     def adopt(self, snap: Snapshot, now: float, *, force: bool = False) -> bool:
         """Take a state another gateway recorded; True if it changed ours.
@@ -534,17 +539,8 @@ class Machine:
         )
         if new_isolation or restored or (snap.state is State.TRIAL and not same_trial):
             self._clear_evidence(b)
-        b.state = snap.state
-        b.cause = snap.cause
-        b.since = snap.since
-        b.revision = snap.revision
-        b.isolated_revision = snap.isolated_revision
-        b.step = snap.step
-        b.isolated_until = snap.isolated_until
-        b.restored_at = snap.restored_at
-        if snap.state is State.ISOLATED:
-            b.next_slot_at = snap.isolated_until if snap.isolated_until is not None else now
-        elif snap.state is State.TRIAL and not same_trial:
+        self._take(b, snap, now)
+        if snap.state is State.TRIAL and not same_trial:
             b.trial_revision = snap.revision
             b.trial_since = snap.trial_since if snap.trial_since is not None else now
             b.next_slot_at = now
