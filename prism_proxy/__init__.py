@@ -49,6 +49,7 @@ from .providers import (
     line_params,
     normalise_params,
 )
+from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "GATEWAY",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
+    "WORKERS_DIR_ENV",
     "Attempt",
     "Binding",
     "Call",
@@ -84,6 +86,7 @@ __all__ = [
     "Settlement",
     "Skip",
     "Slots",
+    "Telemetry",
     "UpstreamResponse",
     "UpstreamResult",
     "Usage",

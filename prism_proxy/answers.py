@@ -13,12 +13,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from typing import Any
 
 import attrs
 import orjson
 from aiohttp import web
 
-from .call import Call
+from .call import Call, Settlement
 from .errors import PrismError
 from .generation import Generation
 from .record import prism_headers
@@ -157,6 +158,35 @@ def stream_response(call: Call) -> tuple[web.StreamResponse, dict[str, str]]:
     return web.StreamResponse(status=200, headers=headers), dict(call.response_headers)
 
 
+def access_fields(generation: Generation, call: Call, settlement: Settlement) -> dict[str, Any]:
+    """The access line's fields (the JSON log writes them as they are): never prompt
+    text, keys or upstream bodies; plugins add theirs in ``call.access``."""
+    served = settlement.served
+    binding = served.binding if served is not None else None
+    usage = settlement.usage
+    first_byte = served.first_byte_ms if served is not None else None
+    return {
+        "request_id": call.request_id,
+        "endpoint": str(call.endpoint),
+        "model": call.model_name or None,
+        "route": call.route.name if call.route is not None else None,
+        "provider": binding.provider if binding else None,
+        "upstream_model": binding.model if binding else None,
+        "region": binding.region if binding else None,
+        "org": call.principal.org,
+        "key_id": call.principal.key_id,
+        "status": settlement.status,
+        "outcome": settlement.outcome,
+        "code": settlement.error_code,
+        "attempts": len(call.attempts),
+        "ttft_ms": None if first_byte is None else round(first_byte),
+        "duration_ms": round((generation.clock() - call.received_at) * 1000),
+        "input_tokens": usage.input_tokens if usage else None,
+        "output_tokens": usage.output_tokens if usage else None,
+        **call.access,
+    }
+
+
 def json_body(value: object) -> bytes:
     return orjson.dumps(value)
 
@@ -182,18 +212,23 @@ async def settle(generation: Generation, call: Call) -> bool:
             log.exception("prism_settle failed for %s", call.request_id)
             recorded = False
     if call_log.isEnabledFor(logging.INFO):
-        served = settlement.served
+        fields = access_fields(generation, call, settlement)
         call_log.info(
-            "%s %s model=%r served=%s region=%s status=%s outcome=%s code=%s attempts=%d ms=%d",
+            "%s %s model=%r route=%s served=%s region=%s org=%s key=%s status=%s outcome=%s "
+            "code=%s attempts=%d ms=%d",
             call.request_id,
             call.endpoint,
             call.model_name or "-",
-            served.binding.id if served else "-",
-            (served.binding.region if served else None) or "-",
+            fields["route"] or "-",
+            f"{fields['provider']}/{fields['upstream_model']}" if settlement.served else "-",
+            fields["region"] or "-",
+            fields["org"] or "-",
+            fields["key_id"] or "-",
             settlement.status,
             settlement.outcome,
             settlement.error_code or "-",
-            len(call.attempts),
-            (generation.clock() - call.received_at) * 1000,
+            fields["attempts"],
+            fields["duration_ms"],
+            extra={"access": fields},
         )
     return recorded

@@ -274,6 +274,9 @@ class Call:
     include_usage: bool = False
     principal: Principal = ANONYMOUS
     metadata: dict[str, Any] = attrs.field(factory=dict)
+    #: Fields plugins add to the call's access log line (billing: ``cost``); bounded
+    #: values only, never a key or prompt text.
+    access: dict[str, Any] = attrs.field(factory=dict)
     #: Timeout to first content for each attempt; None disables it.
     attempt_timeout_s: float | None = 60.0
     #: Whether a first-byte timeout may be retried once on the same binding.

@@ -25,6 +25,7 @@ from .config import (
 )
 from .errors import ConfigError
 from .gateway import GATEWAY
+from .logs import configure_logging
 from .plugins import describe_plugins, make_plugin_manager
 from .scaffold import add_scaffold_command
 from .server import LISTEN_SOCKETS, CannotListen, Listening, bind, close_sockets, run, serve
@@ -147,11 +148,7 @@ def _preload(argv: list[str]) -> tuple[Config, ConfigError | None]:
 
 
 def _logging(config: Config) -> None:
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(config.log_level, config.log_format)
 
 
 def _serve(args: argparse.Namespace, config: Config) -> int:

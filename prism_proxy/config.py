@@ -44,6 +44,7 @@ CORE_KEYS = frozenset(
         "shutdown_grace_s",
         "attempt_timeout_ms",
         "log_level",
+        "log_format",
         "permanent_markers",
         "retries",
         "backoff_base_ms",
@@ -213,6 +214,8 @@ class Config:
     shutdown_grace_s: float = 30.0
     attempt_timeout_ms: int = 60_000
     log_level: str = "INFO"
+    #: ``text`` (default) or ``json`` (one object per line).
+    log_format: str = "text"
     #: Extra billing/credential markers (lower-cased), added to the built-in narrow list.
     permanent_markers: tuple[str, ...] = ()
     #: Retries of one binding after its first try (models may override).
@@ -392,6 +395,10 @@ def config_from_mapping(
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise core.error("log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {level!r}")
     config.log_level = level
+    log_format = (core.get_str("log_format", "text") or "text").lower()
+    if log_format not in ("text", "json"):
+        raise core.error("log_format", f"expected text or json, got {log_format!r}")
+    config.log_format = log_format
     markers = core.get_list("permanent_markers")
     for marker in markers:
         if marker.lower() == "quota":

@@ -117,6 +117,7 @@ async def dispatch(gen: Generation, call: Call) -> Served:
                     return served
     except _BudgetSpent:
         gen.counters["chain_exceeded_max_time"] += 1
+        gen.telemetry.count("prism_chain_exceeded_max_time_total", model=model.name)
         raise exhausted(call, status=504, code="chain_deadline_exceeded") from None
     if not call.attempts and walk.incompatible:
         reasons = "; ".join(f"{binding_id}: {why}" for binding_id, why in walk.incompatible)

@@ -42,6 +42,7 @@ from .plugins import (
     provider_kinds,
 )
 from .providers import ParamProfile, Provider
+from .telemetry import Telemetry
 from .wire import Wires, default_wires
 
 __all__ = ["Generation", "Keeper", "Lifecycle", "build_generation"]
@@ -134,6 +135,8 @@ class Generation:
     org_settings: dict[str, OrgSetting] = attrs.field(factory=dict)
     #: Capacity slots of lines with ``max_concurrency``, kept across generations.
     capacity: Capacity = attrs.field(factory=Capacity)
+    #: Where plugins report measurements (a metrics plugin replaces the core's no-op).
+    telemetry: Telemetry = attrs.field(factory=Telemetry)
     #: The wire formats and translations the plugins registered (``prism_wires``).
     wires: Wires = attrs.field(factory=lambda: Wires.of(default_wires()))
     #: The parameter profiles the plugins ship (``prism_param_profiles``), by family.

@@ -10,6 +10,9 @@ has run a minute) and logged.  SIGTERM drains every worker (each has
 Before it starts them, the supervisor asks the plugins whether their state
 can be split across processes (``prism_workers``): one that cannot (a
 breaker keeping its health in one process) stops start-up and says why.
+Every worker gets ``PRISM_WORKERS_DIR``: a directory the workers of this
+server share, made before the first starts and removed when the last stops
+(prism-metrics keeps its counters there, so ``/metrics`` adds them up).
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
 import attrs
 
 from .config import Config
+from .telemetry import WORKERS_DIR_ENV
 
 __all__ = ["MAX_BACKOFF_S", "Supervisor"]
 
@@ -47,6 +54,8 @@ class Supervisor:
     listen: str | None = None
     workers: dict[int, asyncio.subprocess.Process] = attrs.field(factory=dict)
     stopping: asyncio.Event = attrs.field(factory=asyncio.Event)
+    #: The directory the workers share (``PRISM_WORKERS_DIR``) while they run.
+    shared_dir: str | None = None
 
     def _argv(self) -> list[str]:
         fds = ",".join(str(sock.fileno()) for sock in self.sockets)
@@ -70,11 +79,13 @@ class Supervisor:
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         log.info("starting %d workers", self.count)
+        self.shared_dir = tempfile.mkdtemp(prefix="prism-workers-")
         try:
             await asyncio.gather(*(self._keep(slot) for slot in range(self.count)))
         finally:
             for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
+            shutil.rmtree(self.shared_dir, ignore_errors=True)
         log.info("all workers stopped")
         return 0
 
@@ -90,7 +101,8 @@ class Supervisor:
         fds = [sock.fileno() for sock in self.sockets]
         while not self.stopping.is_set():
             started = time.monotonic()
-            process = await asyncio.create_subprocess_exec(*self._argv(), pass_fds=fds)
+            env = {**os.environ, WORKERS_DIR_ENV: self.shared_dir or ""}
+            process = await asyncio.create_subprocess_exec(*self._argv(), pass_fds=fds, env=env)
             self.workers[slot] = process
             log.info("worker %d started (pid %d)", slot, process.pid)
             stop = asyncio.ensure_future(self.stopping.wait())

@@ -108,7 +108,13 @@ class Billing:
         ``x-prism-cost`` always has its row.
         """
         await self.writer.record(row)
-        call.response_headers[COST_HEADER] = format_nanos(row.cost_nanos)
+        cost = format_nanos(row.cost_nanos)
+        call.response_headers[COST_HEADER] = cost
+        call.access["cost"] = cost
+        if row.cost_nanos and row.provider is not None:
+            self.writer.telemetry.count(
+                "prism_cost_total", row.cost_nanos / 1e9, model=row.model, provider=row.provider
+            )
 
 
 def billing_of(generation: Generation) -> Billing | None:

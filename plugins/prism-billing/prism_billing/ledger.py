@@ -14,9 +14,12 @@ import asyncio
 import collections
 import logging
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from prism_proxy import Telemetry
 
 from .rows import COLUMNS, LedgerRow
 
@@ -143,6 +146,8 @@ class GroupCommit(abc.ABC):
     ) -> None:
         #: The ledger as it may be logged (a path, or a URL without its password).
         self.name = name
+        #: Where commit times go (each generation hands its own; they share one exporter).
+        self.telemetry = Telemetry()
         self._max_batch = max_batch_rows
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
@@ -187,6 +192,7 @@ class GroupCommit(abc.ABC):
                     continue
                 take = min(len(self._queue), self._max_batch)
                 batch = [self._queue.popleft() for _ in range(take)]
+                started = time.perf_counter()
                 try:
                     added = await self._write([row for row, _ in batch])
                 except Exception as exc:
@@ -204,6 +210,7 @@ class GroupCommit(abc.ABC):
                     continue
                 self.counters["billing_commits"] += 1
                 self.counters["billing_rows"] += added
+                self.telemetry.observe("prism_ledger_commit_seconds", time.perf_counter() - started)
                 _settle_all(batch, None)
         finally:
             # Never leave a caller waiting on a commit that will not happen.

@@ -52,6 +52,7 @@ def prism_generation(generation: Generation) -> None:
                 settings.source,
             ),
         )
+        pg.writer.telemetry = generation.telemetry
         generation.register(Billing(settings, prices, pg.writer, generation.clock), PLUGIN_OBJECT)
         return
     path = settings.ledger_path
@@ -73,6 +74,7 @@ def prism_generation(generation: Generation) -> None:
             settings.source,
         ),
     )
+    kept.writer.telemetry = generation.telemetry
     billing = Billing(settings, prices, kept.writer, generation.clock)
     generation.register(billing, PLUGIN_OBJECT)
 

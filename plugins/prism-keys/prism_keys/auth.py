@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from prism_proxy import Call, Endpoint, OrgSetting, Principal, PrismError, hookimpl
+from prism_proxy import Call, Endpoint, OrgSetting, Principal, PrismError, Telemetry, hookimpl
 
 from .keyring import NO_SETTINGS, ActiveKey, KeyRing, Snapshot
 from .scopes import Grants
@@ -61,9 +61,11 @@ class KeysAuth:
         ring: KeyRing,
         counters: collections.Counter[str],
         declarations: Mapping[str, OrgSetting] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.ring = ring
         self.counters = counters
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
         #: This generation's organisation setting declarations, by name.
         self.declarations: Mapping[str, OrgSetting] = dict(declarations or {})
         # The parse cache: valid for one ring snapshot (compared by identity).
@@ -140,11 +142,13 @@ class KeysAuth:
         active = self.ring.verify(presented_key(call.request.headers))
         if active is None:
             self.counters["keys_rejected"] += 1
+            self.telemetry.count("prism_keys_rejected_total", reason=INVALID_CODE)
             raise PrismError(401, INVALID_CODE, INVALID_MESSAGE)
         endpoint = str(call.endpoint)
         # The model list is part of the API: any valid key may read it.
         if call.endpoint is not Endpoint.MODELS and not active.grants.allows_endpoint(endpoint):
             self.counters["keys_scope_denied"] += 1
+            self.telemetry.count("prism_keys_rejected_total", reason=SCOPE_CODE)
             raise PrismError(
                 403,
                 SCOPE_CODE,
@@ -163,6 +167,7 @@ class KeysAuth:
         model = call.model.name
         if not grants.allows_model(model):
             self.counters["keys_scope_denied"] += 1
+            self.telemetry.count("prism_keys_rejected_total", reason=SCOPE_CODE)
             raise PrismError(
                 403,
                 SCOPE_CODE,

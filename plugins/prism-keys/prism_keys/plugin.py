@@ -30,7 +30,8 @@ def prism_generation(generation: Generation) -> None:
         ("keys", settings.ident, settings.refresh_s), lambda: _new_ring(settings)
     )
     generation.register(
-        KeysAuth(ring, generation.counters, generation.org_settings), AUTH_PLUGIN_NAME
+        KeysAuth(ring, generation.counters, generation.org_settings, generation.telemetry),
+        AUTH_PLUGIN_NAME,
     )
     log.info(
         "keys: API keys required, from %s (re-read every %g s%s)",

@@ -1,0 +1,121 @@
+"""Every metric Prism exports: name, kind, help, labels; one table, read by the exporter,
+the README and the Grafana test alike."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["BUCKETS", "FAMILIES", "Family"]
+
+#: Seconds: resolves 50 ms to 60 s (time to first token, request duration).
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+#: Seconds: a ledger commit is a millisecond affair.
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@attrs.frozen
+class Family:
+    name: str
+    kind: str  # counter, histogram or gauge
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = BUCKETS
+    #: How workers' values combine in one scrape (gauges only; prometheus-client's modes).
+    combine: str = "livesum"
+
+
+BINDING = ("provider", "upstream_model", "region")
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "prism_requests_total",
+        "counter",
+        "Calls settled, by endpoint, requested model, route, outcome and error code.",
+        ("endpoint", "model", "route", "outcome", "code"),
+    ),
+    Family(
+        "prism_attempts_total",
+        "counter",
+        "Upstream attempts, by binding and the classifier's verdict.",
+        (*BINDING, "verdict"),
+    ),
+    Family(
+        "prism_retries_total",
+        "counter",
+        "Attempts that retried the binding the call had just tried.",
+        ("provider", "upstream_model"),
+    ),
+    Family(
+        "prism_fallbacks_total",
+        "counter",
+        "Calls that left their first binding (binding), their model's tier (cross_tier), "
+        "or whose breaker stood down (stand_down).",
+        ("model", "kind"),
+    ),
+    Family(
+        "prism_time_to_first_token_seconds",
+        "histogram",
+        "Time from an attempt's start to its first byte of content, for attempts that served.",
+        BINDING,
+    ),
+    Family(
+        "prism_request_duration_seconds",
+        "histogram",
+        "Time from a call's arrival to its settlement.",
+        ("endpoint", "model"),
+    ),
+    Family("prism_inflight", "gauge", "Upstream attempts in flight.", BINDING),
+    Family(
+        "prism_breaker_state",
+        "gauge",
+        "1 for the binding's current breaker state (quarantined bindings: isolated), 0 else.",
+        (*BINDING, "state"),
+        combine="livemostrecent",
+    ),
+    Family(
+        "prism_binding_error_ratio",
+        "gauge",
+        "Counted failures over counted calls in the breaker's window (60 s by default).",
+        BINDING,
+        combine="livemostrecent",
+    ),
+    Family(
+        "prism_chain_exceeded_max_time_total",
+        "counter",
+        "Calls whose budget ran out before any binding served.",
+        ("model",),
+    ),
+    Family(
+        "prism_tokens_total",
+        "counter",
+        "Tokens of serving attempts, by kind (input, output, cached_input, cache_creation, "
+        "reasoning).",
+        ("model", "provider", "kind"),
+    ),
+    Family("prism_cost_total", "counter", "Billed cost (currency units).", ("model", "provider")),
+    Family(
+        "prism_ledger_commit_seconds",
+        "histogram",
+        "Time to make one batch of ledger rows durable.",
+        buckets=COMMIT_BUCKETS,
+    ),
+    Family(
+        "prism_rule_matches_total",
+        "counter",
+        "Calls a routing rule routed, by model and rule.",
+        ("model", "rule"),
+    ),
+    Family("prism_keys_rejected_total", "counter", "Calls refused by the key check.", ("reason",)),
+    Family(
+        "prism_shared_state_up",
+        "gauge",
+        "1 while the shared state engine (Redis) answers, 0 while degraded.",
+        combine="livemin",
+    ),
+    Family(
+        "prism_events_total",
+        "counter",
+        "The gateway's event counters (as /prism/stats shows them per process).",
+        ("event",),
+    ),
+)

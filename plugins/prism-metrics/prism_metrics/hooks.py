@@ -1,0 +1,148 @@
+"""One generation's metrics: the per-call hooks, and the gauges read when someone looks.
+
+Label values are all bounded by the configuration: bindings come from the
+catalog, a model is one the catalog resolved (``unknown`` otherwise: a caller
+may send any string), routes are rule names, codes are Prism's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prism_breaker import breaker_of
+
+from prism_proxy import Attempt, Binding, Call, Generation, Outcome, Settlement, hookimpl
+
+from .exporter import Exporter
+
+__all__ = ["MetricsHooks"]
+
+IN_FLIGHT = "metrics"
+STATES = ("eligible", "suspect", "isolated", "trial", "quarantined")
+_SERVING = (Outcome.OK, Outcome.EMPTY)
+_TOKEN_KINDS = (
+    ("input", "input_tokens"),
+    ("output", "output_tokens"),
+    ("cached_input", "cached_input_tokens"),
+    ("cache_creation", "cache_creation_tokens"),
+    ("reasoning", "reasoning_tokens"),
+)
+
+
+def binding_labels(binding: Binding) -> tuple[str, str, str]:
+    return binding.provider, binding.model, binding.region or ""
+
+
+class MetricsHooks:
+    """Registered as ``metrics.hooks`` for one generation."""
+
+    def __init__(self, exporter: Exporter, generation: Generation) -> None:
+        self.exporter = exporter
+        self.generation = generation
+        self.clock: Callable[[], float] = generation.clock
+        m = exporter.metrics
+        self._attempts = m["prism_attempts_total"]
+        self._retries = m["prism_retries_total"]
+        self._inflight = m["prism_inflight"]
+        self._ttft = m["prism_time_to_first_token_seconds"]
+        self._requests = m["prism_requests_total"]
+        self._duration = m["prism_request_duration_seconds"]
+        self._fallbacks = m["prism_fallbacks_total"]
+        self._tokens = m["prism_tokens_total"]
+        self._rules = m["prism_rule_matches_total"]
+        # Label children, looked up once: prometheus-client's lookup takes a lock.
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    # -- per call ------------------------------------------------------------------
+
+    @hookimpl
+    def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
+        labels = binding_labels(attempt.binding)
+        self._child(self._inflight, *labels).inc()
+        attempt.extensions[IN_FLIGHT] = True
+        if len(call.attempts) > 1 and call.attempts[-2].binding.id == attempt.binding.id:
+            self._child(self._retries, labels[0], labels[1]).inc()
+
+    @hookimpl
+    def prism_on_attempt(self, call: Call, attempt: Attempt) -> None:
+        verdict = attempt.verdict
+        if verdict is None:
+            return
+        labels = binding_labels(attempt.binding)
+        self._child(self._attempts, *labels, str(verdict.outcome)).inc()
+        if verdict.outcome in _SERVING:
+            if attempt.first_byte_ms is not None:
+                self._child(self._ttft, *labels).observe(attempt.first_byte_ms / 1000)
+        else:
+            self._end(attempt)  # a serving attempt stays in flight until the call settles
+
+    @hookimpl(trylast=True)  # after the others: their settlements (billing) are done
+    def prism_settle(self, call: Call, settlement: Settlement) -> None:
+        for attempt in call.attempts:
+            self._end(attempt)
+        model = call.model.name if call.model is not None else "unknown"
+        endpoint = str(call.endpoint)
+        route = call.route.name if call.route is not None else "none"
+        labels = [endpoint, model, route, settlement.outcome, settlement.error_code or ""]
+        if self.exporter.org_label:
+            labels.append(call.principal.org or "")
+        self._child(self._requests, *labels).inc()
+        self._child(self._duration, endpoint, model).observe(self.clock() - call.received_at)
+        if route not in ("default", "none"):
+            self._child(self._rules, model, route).inc()
+        self._fallback_kinds(call, model)
+        usage, served = settlement.usage, settlement.served
+        if usage is not None and served is not None:
+            for kind, field in _TOKEN_KINDS:
+                tokens = getattr(usage, field)
+                if tokens:
+                    self._child(self._tokens, model, served.binding.provider, kind).inc(tokens)
+
+    def _fallback_kinds(self, call: Call, model: str) -> None:
+        if len({attempt.binding.id for attempt in call.attempts}) > 1:
+            self._child(self._fallbacks, model, "binding").inc()
+        if call.response_headers.get("x-prism-fallback") == "cross-tier":
+            self._child(self._fallbacks, model, "cross_tier").inc()
+        if "stand-down" in call.response_headers.get("x-prism-breaker", ""):
+            self._child(self._fallbacks, model, "stand_down").inc()
+
+    def _end(self, attempt: Attempt) -> None:
+        if attempt.extensions.pop(IN_FLIGHT, False):
+            self._child(self._inflight, *binding_labels(attempt.binding)).dec()
+
+    # -- read when asked -------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Set what is read, not counted: breaker states and windows, shared state, events."""
+        generation = self.generation
+        m = self.exporter.metrics
+        breaker = breaker_of(generation)
+        if breaker is not None:
+            health = breaker.health(with_text=False)
+            for entry in health["bindings"]:
+                binding = generation.catalog.bindings.get(entry["binding"])
+                if binding is None:
+                    continue
+                labels = binding_labels(binding)
+                state = entry["state"]
+                if any(o["kind"] == "quarantine" for o in entry["overrides"]):
+                    state = "quarantined"
+                for name in STATES:
+                    m["prism_breaker_state"].labels(*labels, name).set(1 if name == state else 0)
+                m["prism_binding_error_ratio"].labels(*labels).set(entry["window"]["error_rate"])
+        for facts in generation.pm.hook.prism_readyz(generation=generation):
+            shared = (facts or {}).get("shared_state")
+            if shared is not None:
+                m["prism_shared_state_up"].set(1 if shared == "ok" else 0)
+        self.exporter.events(generation.counters)
+
+    def render(self) -> bytes:
+        return self.exporter.render(self.refresh)
