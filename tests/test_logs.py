@@ -1,4 +1,4 @@
-"""`[prism] log_format = json`: one JSON object per line, the access line's fields, nothing secret."""
+"""`[prism] log_format = json`: a JSON object per line, the access fields, nothing secret."""
 
 from __future__ import annotations
 
