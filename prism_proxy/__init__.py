@@ -5,7 +5,7 @@ else.  Everything in submodules not re-exported here is private and may
 change without notice.
 """
 
-from .admin import admin_handler, require_admin
+from .admin import admin_handler, is_admin, require_admin
 from .answers import error_response
 from .app import create_app
 from .call import (
@@ -103,6 +103,7 @@ __all__ = [
     "error_response",
     "find_permanent_marker",
     "hookimpl",
+    "is_admin",
     "is_region",
     "line_params",
     "load_config",

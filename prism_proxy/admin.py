@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import urllib.parse
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -16,7 +17,7 @@ from .answers import error_response
 from .errors import PrismError
 from .gateway import GATEWAY
 
-__all__ = ["admin_handler", "require_admin"]
+__all__ = ["admin_handler", "is_admin", "require_admin"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -31,6 +32,20 @@ def require_admin(request: web.Request) -> None:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
         raise PrismError(401, "invalid_admin_token", "missing or invalid admin token")
+
+
+def is_admin(request: web.Request, *, cookie: str | None = None) -> bool:
+    """Whether the request carries the admin token: in ``Authorization``, or (for
+    read-only pages a browser opens, whose ``EventSource`` cannot send headers)
+    in the cookie named ``cookie``."""
+    try:
+        require_admin(request)
+        return True
+    except PrismError:
+        pass
+    token = request.app[GATEWAY].config.admin_token
+    value = urllib.parse.unquote(request.cookies.get(cookie, "")) if cookie else ""
+    return bool(token and value and hmac.compare_digest(value.encode(), token.encode()))
 
 
 def admin_handler(handler: Handler) -> Handler:

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from prism_proxy import GATEWAY, Config, Generation, hookimpl
 
+from .board import add_board_routes
 from .exporter import CONTENT_TYPE, Exporter
 from .hooks import MetricsHooks
 from .settings import MetricsSettings
@@ -74,6 +75,7 @@ def metrics_of(generation: Generation) -> MetricsHooks | None:
 @hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
     app.router.add_get("/metrics", metrics)
+    add_board_routes(app)
 
 
 async def metrics(request: web.Request) -> web.Response:
