@@ -113,6 +113,21 @@ FAMILIES: tuple[Family, ...] = (
         combine="livemin",
     ),
     Family(
+        "prism_capacity_reserve_ratio",
+        "gauge",
+        "A tier's reserve for losing this line over the line's peak (the capacity rule "
+        "fires below capacity_k).",
+        ("model", "provider", "upstream_model"),
+        combine="livemostrecent",
+    ),
+    Family(
+        "prism_capacity_alert",
+        "gauge",
+        "1 while the capacity rule fires for this line of this tier.",
+        ("model", "provider", "upstream_model"),
+        combine="livemax",
+    ),
+    Family(
         "prism_events_total",
         "counter",
         "The gateway's event counters (as /prism/stats shows them per process).",

@@ -14,6 +14,7 @@ from prism_breaker import breaker_of
 
 from prism_proxy import Attempt, Binding, Call, Generation, Outcome, Settlement, hookimpl
 
+from .capacity import CapacityRule
 from .exporter import Exporter
 
 __all__ = ["MetricsHooks"]
@@ -37,9 +38,11 @@ def binding_labels(binding: Binding) -> tuple[str, str, str]:
 class MetricsHooks:
     """Registered as ``metrics.hooks`` for one generation."""
 
-    def __init__(self, exporter: Exporter, generation: Generation) -> None:
+    def __init__(self, exporter: Exporter, generation: Generation, rule: CapacityRule) -> None:
         self.exporter = exporter
         self.generation = generation
+        self.rule = rule
+        self.peaks = rule.peaks
         self.clock: Callable[[], float] = generation.clock
         m = exporter.metrics
         self._attempts = m["prism_attempts_total"]
@@ -65,9 +68,12 @@ class MetricsHooks:
 
     @hookimpl
     def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
-        labels = binding_labels(attempt.binding)
+        binding = attempt.binding
+        labels = binding_labels(binding)
         self._child(self._inflight, *labels).inc()
         attempt.extensions[IN_FLIGHT] = True
+        if "max_concurrency" in binding.options:
+            self.peaks.change(binding.id, 1)
         if len(call.attempts) > 1 and call.attempts[-2].binding.id == attempt.binding.id:
             self._child(self._retries, labels[0], labels[1]).inc()
 
@@ -116,7 +122,10 @@ class MetricsHooks:
 
     def _end(self, attempt: Attempt) -> None:
         if attempt.extensions.pop(IN_FLIGHT, False):
-            self._child(self._inflight, *binding_labels(attempt.binding)).dec()
+            binding = attempt.binding
+            self._child(self._inflight, *binding_labels(binding)).dec()
+            if "max_concurrency" in binding.options:
+                self.peaks.change(binding.id, -1)
 
     # -- read when asked -------------------------------------------------------------
 
@@ -142,6 +151,7 @@ class MetricsHooks:
             shared = (facts or {}).get("shared_state")
             if shared is not None:
                 m["prism_shared_state_up"].set(1 if shared == "ok" else 0)
+        self.rule.gauges(m)
         self.exporter.events(generation.counters)
 
     def render(self) -> bytes:

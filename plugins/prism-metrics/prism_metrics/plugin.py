@@ -9,20 +9,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
-from prism_proxy import GATEWAY, Config, Generation, hookimpl
+from prism_proxy import GATEWAY, Commands, Config, Generation, hookimpl
 
 from .board import add_board_routes
+from .capacity import CapacityRule, Peaks
+from .cli import add_commands
 from .exporter import CONTENT_TYPE, Exporter
+from .fleet import exchange_peaks, shared_link
 from .hooks import MetricsHooks
 from .settings import MetricsSettings
 
 __all__ = ["HOOKS_NAME", "metrics_of"]
 
-#: The name each generation's :class:`MetricsHooks` is registered under.
+#: The names each generation's :class:`MetricsHooks` and :class:`CapacityRule` have.
 HOOKS_NAME = "metrics.hooks"
+CAPACITY_NAME = "metrics.capacity"
 #: How often every worker brings its read-at-scrape values up to date, so that
 #: a scrape answered by another worker sees them.
 SYNC_S = 1.0
@@ -35,9 +40,12 @@ def prism_generation(generation: Generation) -> None:
         ("metrics", settings.org_label), lambda: KeptExporter(settings.org_label)
     )
     generation.telemetry = exporter.exporter
-    hooks = MetricsHooks(exporter.exporter, generation)
+    peaks = generation.keep(("metrics.peaks",), lambda: Peaks(generation.clock))
+    rule = CapacityRule(generation.catalog, peaks, settings.capacity_window_s, settings.capacity_k)
+    hooks = MetricsHooks(exporter.exporter, generation, rule)
     generation.register(hooks, HOOKS_NAME)
-    generation.cleanup_ctx.append(lambda: _sync(hooks))
+    generation.register(rule, CAPACITY_NAME)
+    generation.cleanup_ctx.append(lambda: _sync(hooks, shared_link(generation)))
 
 
 class KeptExporter:
@@ -50,12 +58,17 @@ class KeptExporter:
         yield
 
 
-async def _sync(hooks: MetricsHooks) -> AsyncIterator[None]:
-    """While the generation serves, keep this worker's read-at-scrape values current."""
+async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
+    """While the generation serves, keep this worker's read-at-scrape values current
+    (and, with prism-redis, the fleet's capacity peaks)."""
 
     async def run() -> None:
         while True:
             await asyncio.sleep(SYNC_S)
+            if shared is not None:
+                # prism-redis marks itself degraded and logs the outage once.
+                with contextlib.suppress(Exception):
+                    await exchange_peaks(shared, hooks.rule)
             hooks.refresh()
 
     task = asyncio.create_task(run(), name="prism-metrics-sync")
@@ -73,8 +86,14 @@ def metrics_of(generation: Generation) -> MetricsHooks | None:
 
 
 @hookimpl
+def prism_cli(commands: Commands) -> None:
+    add_commands(commands)
+
+
+@hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/prism/capacity", capacity)
     add_board_routes(app)
 
 
@@ -84,3 +103,11 @@ async def metrics(request: web.Request) -> web.Response:
     if hooks is None:
         return web.Response(status=404, text="metrics are off\n")
     return web.Response(body=hooks.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def capacity(request: web.Request) -> web.Response:
+    """The capacity rule's evidence: every limited line's minute peaks, each tier's k."""
+    rule = request.app[GATEWAY].current.plugin(CAPACITY_NAME)
+    if not isinstance(rule, CapacityRule):
+        return web.Response(status=404, text="metrics are off\n")
+    return web.json_response(rule.report())
