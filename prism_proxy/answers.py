@@ -180,6 +180,7 @@ def access_fields(generation: Generation, call: Call, settlement: Settlement) ->
         "code": settlement.error_code,
         "attempts": len(call.attempts),
         "ttft_ms": None if first_byte is None else round(first_byte),
+        "finish_reason": served.finish_reason if served is not None else None,
         "duration_ms": round((generation.clock() - call.received_at) * 1000),
         "input_tokens": usage.input_tokens if usage else None,
         "output_tokens": usage.output_tokens if usage else None,

@@ -126,6 +126,9 @@ class Attempt:
     elapsed_ms: float = 0.0
     #: A short technical cause such as ``connect: ClientConnectorError``; never body text.
     error: str | None = None
+    #: Why a serving attempt's answer ended, as the upstream said (``stop``, ``length``,
+    #: ``end_turn``, ``tool_calls``…); None until it did.
+    finish_reason: str | None = None
     #: Parameters dropped or renamed for this binding (``x-prism-params-adjusted``).
     params_adjusted: list[str] = attrs.field(factory=list)
     #: Plugins' own per-attempt data, keyed by plugin name.

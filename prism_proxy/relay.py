@@ -15,7 +15,7 @@ import attrs
 
 from .accounting import checked_usage, estimate
 from .answers import Answer, BodyAnswer, StreamAnswer, json_body, stream_response
-from .call import Call, Outcome, Settlement, Usage
+from .call import Attempt, Call, Outcome, Settlement, Usage
 from .dispatch import Served
 from .errors import PrismError
 from .stream import StreamBroken, UpstreamStream
@@ -50,6 +50,7 @@ def _relay_body(call: Call, served: Served) -> Answer:
         wire.usage_update(None, result.json),
         wire.answer_chars(result.json),
     )
+    served.attempt.finish_reason = wire.finish_reason(result.json)
     call.settlement = Settlement(
         outcome=_served_outcome(served), status=200, served=served.attempt, usage=usage
     )
@@ -57,6 +58,12 @@ def _relay_body(call: Call, served: Served) -> Answer:
         return BodyAnswer(json_body(prepared.translate_body(result.json)))
     content_type = served.response.headers.get("Content-Type", "application/json")
     return BodyAnswer(result.body, content_type=content_type)
+
+
+def _finished(served: Served, stream: UpstreamStream) -> Attempt:
+    """The serving attempt, with why its stream ended (if it said)."""
+    served.attempt.finish_reason = stream.finish_reason
+    return served.attempt
 
 
 def _usage_so_far(call: Call, served: Served, stream: UpstreamStream) -> Usage:
@@ -102,7 +109,7 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
         call.settlement = Settlement(
             outcome="aborted",
             status=499,
-            served=served.attempt,
+            served=_finished(served, stream),
             usage=_usage_so_far(call, served, stream),
             error_code="client_closed",
         )
@@ -120,7 +127,7 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
         call.settlement = Settlement(
             outcome="error",
             status=200,
-            served=served.attempt,
+            served=_finished(served, stream),
             usage=_usage_so_far(call, served, stream),
             error_code=err.code,
         )
@@ -129,7 +136,7 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
     call.settlement = Settlement(
         outcome=_served_outcome(served),
         status=200,
-        served=served.attempt,
+        served=_finished(served, stream),
         usage=_usage_so_far(call, served, stream),
     )
     return StreamAnswer(response, sent, tail + stream.closing(), upstream=stream)

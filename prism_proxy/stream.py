@@ -79,6 +79,7 @@ class UpstreamStream:
         "_watchdog",
         "delivered_chars",
         "done",
+        "finish_reason",
         "finished",
         "idle_timeout",
         "invalid",
@@ -111,6 +112,8 @@ class UpstreamStream:
         #: Characters of answer text forwarded, for estimating a cut stream's usage.
         self.delivered_chars = 0
         self.finished = False
+        #: Why the upstream said the answer ended (once it did).
+        self.finish_reason: str | None = None
         self.done = False
         #: Why the stream broke before its commit point with an event that is not JSON.
         self.invalid: str | None = None
@@ -165,10 +168,11 @@ class UpstreamStream:
         wire = self.wire
         self.usage = wire.usage_update(self.usage, payload)
         if kind is ChunkKind.CONTENT:
-            chars, finishes = wire.digest(payload)
+            chars, finish = wire.digest(payload)
             self.delivered_chars += chars
-            if finishes:
+            if finish is not None:
                 self.finished = True
+                self.finish_reason = finish
         if self.translator is not None:
             out.extend(self.translator.convert(kind, payload))
         elif kind is not ChunkKind.USAGE or self._forward_usage:

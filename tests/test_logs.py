@@ -57,6 +57,7 @@ async def test_json_logs_are_one_object_per_line_with_the_access_fields(prism_fa
     assert served["status"] == 200 and served["outcome"] == "ok" and served["attempts"] == 1
     assert served["route"] == "default" and served["code"] is None
     assert served["ttft_ms"] is not None and served["duration_ms"] >= 0
+    assert served["finish_reason"] == "stop"
     assert served["input_tokens"] > 0 and served["output_tokens"] > 0
     assert {"org", "key_id"} <= set(served)
     refused = next(r for r in access if r["status"] == 404)

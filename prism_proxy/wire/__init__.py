@@ -45,8 +45,9 @@ class Wire:
     name: str
     inspect: Callable[[bytes], tuple[ChunkKind, Any]]
     usage_update: Callable[[Usage | None, Any], Usage | None]
-    #: For a content event: (characters of answer text, whether it finishes the answer).
-    digest: Callable[[Any], tuple[int, bool]]
+    #: For a content event: (characters of answer text, the finish reason when it
+    #: finishes the answer, else None).
+    digest: Callable[[Any], tuple[int, str | None]]
     #: Recognises a plain text content event without parsing it (its text length), or None.
     plain_text_chars: Callable[[bytes], int | None]
     #: In ``buf[start:end]``, whole events, where the first one worth parsing may start (-1: none).
@@ -56,6 +57,8 @@ class Wire:
     answer_problem: Callable[[Endpoint, Any], str | None]
     #: Characters of answer text in a whole answer that passed ``answer_problem``.
     answer_chars: Callable[[Any], int]
+    #: Why a whole answer stopped (``stop``, ``length``, ``end_turn``…), as the upstream said.
+    finish_reason: Callable[[Any], str | None]
     error_body: Callable[[PrismError], bytes]
     error_event: Callable[[PrismError], bytes]
     #: The final event of a stream, written after the call is settled.
@@ -89,6 +92,7 @@ OPENAI = Wire(
     inspect=openai.chunk_kind,
     usage_update=openai.usage_update,
     digest=openai.digest,
+    finish_reason=openai.finish_reason,
     plain_text_chars=openai.plain_text_chars,
     first_notable=openai.first_notable,
     estimate_usage=openai.estimate_usage,
@@ -106,6 +110,7 @@ ANTHROPIC = Wire(
     inspect=anthropic.event_kind,
     usage_update=anthropic.usage_update,
     digest=anthropic.digest,
+    finish_reason=anthropic.finish_reason,
     plain_text_chars=lambda data: None,
     first_notable=lambda buf, start, end: start,
     estimate_usage=anthropic.estimate_usage,

@@ -196,16 +196,27 @@ def answer_chars(payload: Any) -> int:
     return total
 
 
-def digest(payload: Any) -> tuple[int, bool]:
-    """One content event: characters of answer text, and whether it finishes the message."""
+def digest(payload: Any) -> tuple[int, str | None]:
+    """One content event: characters of answer text, and the stop reason if it ends the message."""
     kind = payload.get("type")
     if kind == "message_delta":
-        return 0, True
+        return 0, _reason(payload.get("delta"))
     if kind != "content_block_delta":
-        return 0, False
+        return 0, None
     delta = payload.get("delta") or {}
     text = delta.get("text") or delta.get("partial_json") or delta.get("thinking") or ""
-    return (len(text) if isinstance(text, str) else 0), False
+    return (len(text) if isinstance(text, str) else 0), None
+
+
+def finish_reason(payload: Any) -> str | None:
+    """A whole message's stop reason."""
+    return _reason(payload) if isinstance(payload, dict) and payload.get("stop_reason") else None
+
+
+def _reason(holder: Any) -> str:
+    """``stop_reason`` of a message or message_delta's delta, fit for a label."""
+    value = holder.get("stop_reason") if isinstance(holder, dict) else None
+    return value[:32] if isinstance(value, str) and value else "other"
 
 
 def usage_update(previous: Usage | None, payload: Any) -> Usage | None:

@@ -280,6 +280,19 @@ def answer_problem(endpoint: Endpoint, payload: Any) -> str | None:
     return None
 
 
+def finish_reason(payload: Any) -> str | None:
+    """The first choice's finish reason in a whole completion."""
+    for choice in payload.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            return _reason(choice["finish_reason"])
+    return None
+
+
+def _reason(value: Any) -> str:
+    """A finish reason fit for a label: a short word, whatever the upstream sent."""
+    return value[:32] if isinstance(value, str) else "other"
+
+
 def answer_chars(payload: Any) -> int:
     """Characters of answer text in a whole completion (content, refusals, tool arguments)."""
     total = 0
@@ -297,16 +310,17 @@ def answer_chars(payload: Any) -> int:
     return total
 
 
-def digest(payload: Any) -> tuple[int, bool]:
-    """One pass over a content chunk: characters of answer text, and whether it finishes.
+def digest(payload: Any) -> tuple[int, str | None]:
+    """One pass over a content chunk: characters of answer text, and its finish reason.
 
     The characters estimate the usage of a stream cut before its usage chunk.
     """
     total = 0
-    finished = False
+    finished: str | None = None
     for choice in payload["choices"]:
-        if choice.get("finish_reason"):
-            finished = True
+        reason = choice.get("finish_reason")
+        if reason:
+            finished = _reason(reason)
         delta = choice.get("delta")
         if not delta:
             continue
