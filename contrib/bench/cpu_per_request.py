@@ -29,6 +29,7 @@ from run import write_prism_config
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 UPSTREAM, BARE, PRISM, ROUTED, WORKERS, SHARED = 18977, 18979, 18978, 18976, 18975, 18974
+WITHOUT = 18973
 
 
 def _stat(pid: int) -> list[str]:
@@ -82,7 +83,9 @@ def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def main(duration: int, routing: bool, workers: int, redis_url: str) -> None:
+async def main(
+    duration: int, routing: bool, workers: int, redis_url: str, without: Sequence[str] = ()
+) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
         config = write_prism_config(Path(scratch), PRISM, upstream_base)
@@ -105,6 +108,13 @@ async def main(duration: int, routing: bool, workers: int, redis_url: str) -> No
         if routing:
             routed = start([BIN / "prism", "serve", "--config", routed_config])
             targets.append(("prism+route", routed, ROUTED))
+        for name in without:
+            here = Path(scratch) / f"without-{name}"
+            here.mkdir()
+            ini = write_prism_config(here, WITHOUT, upstream_base, disable=(name,))
+            targets.append(
+                (f"prism -{name}", start([BIN / "prism", "serve", "--config", ini]), WITHOUT)
+            )
         if workers > 1:
             # The breaker refuses workers unless its state is shared: both targets
             # share it through Redis, so they differ only in the process count.
@@ -162,8 +172,15 @@ def cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
     )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help="also measure Prism with this plugin disabled (one at most: one port)",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(main(args.duration, args.routing, args.workers, args.redis))
+    asyncio.run(main(args.duration, args.routing, args.workers, args.redis, args.without[:1]))
 
 
 if __name__ == "__main__":

@@ -124,6 +124,15 @@ def main(args: argparse.Namespace) -> None:
             ),
             "prism": ([str(BIN / "prism"), "serve", "--config", str(config)], "/readyz"),
         }
+        for name in args.without:
+            # The same Prism with one plugin disabled: what that plugin costs.
+            here = Path(scratch) / f"without-{name}"
+            here.mkdir()
+            ini = write_prism_config(here, PROXY, upstream_base, disable=(name,))
+            proxies[f"prism -{name}"] = (
+                [str(BIN / "prism"), "serve", "--config", str(ini)],
+                "/readyz",
+            )
         if args.redis:
             # The same, its breaker state shared through prism-redis (background
             # exchanges included: they run while the requests are counted).
@@ -160,6 +169,13 @@ def cli(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", default="ok", help="fake upstream scenario (ok; slow)")
     parser.add_argument(
         "--redis", metavar="URL", help="also count Prism sharing its state through this Redis"
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help="also count Prism with this plugin disabled (repeatable): what it costs",
     )
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]

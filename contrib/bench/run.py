@@ -308,6 +308,7 @@ def write_prism_config(
     *,
     routing: bool = False,
     redis_url: str | None = None,
+    disable: tuple[str, ...] = (),
 ) -> Path:
     if routing:
         catalog = ROUTING_CATALOG.format(base=upstream_base, model=MODEL, gate=ROUTING_GATE)
@@ -329,6 +330,7 @@ def write_prism_config(
         "log_level = WARNING\n"
         # Nothing is in flight when we stop it; don't wait the default 30 s.
         "shutdown_grace_s = 1\n"
+        + (f"disable = {', '.join(disable)}\n" if disable else "")
         + ("[prism:regions]\ndefault = eu-west-1\n" if routing else "")
         + (
             f"[prism:redis]\nurl = {redis_url}\nkey_prefix = prism-bench-{port}\n"
