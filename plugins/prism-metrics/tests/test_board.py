@@ -168,7 +168,9 @@ async def test_in_a_browser_a_tripped_binding_turns_red_without_a_reload(
             assert len([u for u in loaded if u.endswith("/prism/board")]) == navigations == 1
             assert all(u.startswith(gw.url) for u in loaded)
 
-            shot = tmp_path / "board.png"
+            # For the test log: PRISM_TEST_ARTIFACTS keeps it past the run.
+            shot = Path(os.environ.get("PRISM_TEST_ARTIFACTS", tmp_path)) / "board.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(shot), full_page=True)
             print(f"board screenshot: {shot}")
             assert shot.stat().st_size > 0
