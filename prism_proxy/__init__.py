@@ -8,6 +8,7 @@ change without notice.
 from .admin import admin_handler, is_admin, require_admin
 from .answers import error_response
 from .app import create_app
+from .background import background
 from .call import (
     ANONYMOUS,
     Attempt,
@@ -96,6 +97,7 @@ __all__ = [
     "Wire",
     "Wires",
     "admin_handler",
+    "background",
     "check_param_rules",
     "config_from_mapping",
     "create_app",

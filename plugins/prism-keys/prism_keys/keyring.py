@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from prism_proxy import Principal
+from prism_proxy import Principal, background
 
 from .pg_store import PgKeyStore
 from .scopes import Grants
@@ -184,13 +184,10 @@ class KeyRing:
                     self.source,
                 )
             self._refreshed = asyncio.Event()
-            task = asyncio.create_task(self._poll(), name="prism-keys-refresh")
             try:
-                yield
+                async with background(self._poll, "prism-keys-refresh"):
+                    yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
                 self._refreshed = None
         finally:
             if isinstance(self.store, PgKeyStore):

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_proxy import GATEWAY, Commands, Config, Generation, hookimpl
+from prism_proxy import GATEWAY, Commands, Config, Generation, background, hookimpl
 
 from .board import add_board_routes
 from .capacity import CapacityRule, Peaks
@@ -71,13 +71,8 @@ async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
                     await exchange_peaks(shared, hooks.rule)
             hooks.refresh()
 
-    task = asyncio.create_task(run(), name="prism-metrics-sync")
-    try:
+    async with background(run, "prism-metrics-sync"):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def metrics_of(generation: Generation) -> MetricsHooks | None:

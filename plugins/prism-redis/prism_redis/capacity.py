@@ -16,7 +16,7 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator
 
-from prism_proxy import Capacity, Slots
+from prism_proxy import Capacity, Slots, background
 
 from .connection import UNREACHABLE, SharedRedis
 from .scripts import RENEW_LEASES, TAKE_LEASE
@@ -94,13 +94,8 @@ class FleetCapacity(Capacity):
         return FleetSlots(limit, f"{self.shared.prefix}:capacity:{line}", self)
 
     async def lifecycle(self) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._renew(), name="prism-redis-capacity")
-        try:
+        async with background(self._renew, "prism-redis-capacity"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _renew(self) -> None:
         lease_ms = int(self.shared.settings.lease_s * 1000)
