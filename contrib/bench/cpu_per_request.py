@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from run import write_prism_config
+from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -172,13 +172,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
     )
-    parser.add_argument(
-        "--without",
-        action="append",
-        default=[],
-        metavar="PLUGIN",
-        help="also measure Prism with this plugin disabled (one at most: one port)",
-    )
+    add_without(parser)
     args = parser.parse_args(argv)
     asyncio.run(main(args.duration, args.routing, args.workers, args.redis, args.without[:1]))
 

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
-from run import write_prism_config
+from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -170,13 +170,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--redis", metavar="URL", help="also count Prism sharing its state through this Redis"
     )
-    parser.add_argument(
-        "--without",
-        action="append",
-        default=[],
-        metavar="PLUGIN",
-        help="also count Prism with this plugin disabled (repeatable): what it costs",
-    )
+    add_without(parser)
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:

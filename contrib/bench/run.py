@@ -301,6 +301,17 @@ chain = [
 ROUTING_GATE = 'capabilities = ["tools", "vision"], max_context_tokens = 100000'
 
 
+def add_without(parser: argparse.ArgumentParser) -> None:
+    """``--without PLUGIN``: also measure Prism with that plugin disabled (what it costs)."""
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help="also measure Prism with this plugin disabled: what it costs",
+    )
+
+
 def write_prism_config(
     directory: Path,
     port: int,
