@@ -109,7 +109,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "prism_shared_state_up",
         "gauge",
-        "1 while the shared state engine (Redis) answers, 0 while degraded.",
+        "0 while a shared state engine (Redis) does not answer, else 1 (also with none).",
         combine="livemin",
     ),
     Family(

@@ -147,10 +147,11 @@ class MetricsHooks:
                 for name in STATES:
                     m["prism_breaker_state"].labels(*labels, name).set(1 if name == state else 0)
                 m["prism_binding_error_ratio"].labels(*labels).set(entry["window"]["error_rate"])
+        up = 1  # nothing shared is nothing down
         for facts in generation.pm.hook.prism_readyz(generation=generation):
-            shared = (facts or {}).get("shared_state")
-            if shared is not None:
-                m["prism_shared_state_up"].set(1 if shared == "ok" else 0)
+            if (facts or {}).get("shared_state", "ok") != "ok":
+                up = 0
+        m["prism_shared_state_up"].set(up)
         self.rule.gauges(m)
         self.exporter.events(generation.counters)
 

@@ -6,6 +6,8 @@ import asyncio
 
 from prism_fake_upstream import Fault
 
+from prism_proxy import GATEWAY
+
 from .conftest import chat, samples, scrape, value
 
 PRICE = {"input": 3.0, "output": 15.0}
@@ -159,3 +161,41 @@ def test_the_readme_lists_every_metric_and_the_table_nothing_else():
     table = readme.split("## `GET /metrics`")[1].split("\n\n| metric |")[1].split("\n\n")[0]
     listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `prism_")}
     assert listed == {family.name for family in FAMILIES}
+
+
+async def test_cross_tier_and_stand_down_fallbacks_are_told_apart(prism_fake, prism_gateway):
+    cat = catalog(prism_fake)
+    cat["models"]["m"]["fallback_models"] = ["spare"]
+    cat["models"]["m"]["cross_tier_fallback"] = True
+    cat["providers"]["sp"] = {"kind": "openai", "base_url": prism_fake.base_url("sp")}
+    cat["models"]["spare"] = {"tier": "spare", "chain": [{"provider": "sp", "model": "up-sp"}]}
+    cat["models"]["lone"] = {"retries": 0, "chain": [{"provider": "x", "model": "up-x"}]}
+    gw = await prism_gateway(
+        cat,
+        sections={"breaker": {"policies": "consecutive", "consecutive_failures": 1}},
+        load_plugins=["openai", "breaker", "metrics"],
+    )
+    # m's whole chain fails (each line once: one failure isolates it, so no retry):
+    # the call moves to the spare tier.
+    prism_fake.script("x", [Fault(status=500)])
+    prism_fake.script("ok", [Fault(status=500)])
+    first = await chat(gw.url)
+    assert first.status == 200, first.headers.get("x-prism-attempt-log")
+    # lone's only line is isolated now: the breaker stands down and tries it anyway.
+    lone = await chat(gw.url, "lone")
+    assert lone.status == 200, lone.headers.get("x-prism-attempt-log")
+    text = await scrape(gw.url)
+    assert value(text, "prism_fallbacks_total", model="m", kind="cross_tier") == 1
+    assert value(text, "prism_fallbacks_total", model="lone", kind="stand_down") == 1
+
+
+async def test_shared_state_up_follows_redis(prism_fake, prism_gateway, prism_redis):
+    gw = await prism_gateway(
+        catalog(prism_fake),
+        sections={"redis": {"url": prism_redis.url, "key_prefix": prism_redis.prefix}},
+        load_plugins=["openai", "breaker", "redis", "metrics"],
+    )
+    assert value(await scrape(gw.url), "prism_shared_state_up") == 1
+    link = gw.app[GATEWAY].current.plugin("redis.link")
+    link.shared.failed(OSError("gone"))  # as a failed command would mark it
+    assert value(await scrape(gw.url), "prism_shared_state_up") == 0
