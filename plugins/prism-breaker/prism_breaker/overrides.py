@@ -202,6 +202,14 @@ class OverrideBook:
     def overdue(self, wall_now: float) -> list[Override]:
         return [o for o in self.active.values() if o.review_overdue(wall_now)]
 
+    def review_soon(self, wall_now: float, warn_s: float) -> list[Override]:
+        """Not overdue yet, but due within ``warn_s``."""
+        return [
+            o
+            for o in self.active.values()
+            if not o.review_overdue(wall_now) and wall_now >= o.review_by - warn_s
+        ]
+
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d|w)")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -11,6 +11,7 @@ from prism_proxy import (
     Binding,
     Call,
     Catalog,
+    CatalogKeys,
     Commands,
     Config,
     Generation,
@@ -37,7 +38,14 @@ def prism_generation(generation: Generation) -> None:
     # survive; each generation hands it its own settings and catalog.
     breaker = generation.keep(
         ("breaker", key),
-        lambda: Breaker(settings, catalog, generation.clock, make_store(), generation.counters),
+        lambda: Breaker(
+            settings,
+            catalog,
+            generation.clock,
+            make_store(),
+            generation.counters,
+            generation.random,
+        ),
     )
     hooks = BreakerHooks(breaker, settings, catalog, generation.number)
     generation.cleanup_ctx.append(hooks.serving)
@@ -52,6 +60,12 @@ def _store(
     if provider is not None:
         return provider.store_key, lambda: provider.breaker_store(settings)
     return settings.state_path, lambda: SqliteStore(settings.state_path)
+
+
+@hookimpl
+def prism_catalog_keys() -> CatalogKeys:
+    # restore = "manual": a line whose passed trial waits for an operator's release.
+    return CatalogKeys(binding=frozenset({"restore"}))
 
 
 @hookimpl

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import random as random_module
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -38,7 +39,7 @@ from prism_proxy import (
 )
 
 from .machine import BindingHealth, Machine, Observation, Snapshot, State, Transition
-from .overrides import Override, OverrideBook, check_target, iso
+from .overrides import Override, OverrideBook, check_target, iso, new_override_id
 from .settings import Settings
 from .sqlite_store import StoreError
 from .store import (
@@ -60,6 +61,9 @@ HEADER = "x-prism-breaker"
 MAX_PENDING = 10_000
 #: How long shutdown waits for the state store to finish its writes.
 STOP_TIMEOUT_S = 10.0
+#: A ramping binding's share of calls starts here (Envoy's slow start has a floor too).
+RAMP_FLOOR = 0.1
+MANUAL_HOLD = 'restore = "manual": the trial passed; release this hold to send traffic'
 
 
 @attrs.define(eq=False)
@@ -118,10 +122,13 @@ class Breaker:
         clock: Callable[[], float],
         store: BreakerStore,
         counters: collections.Counter[str] | None = None,
+        random: Callable[[], float] = random_module.random,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
         self.clock = clock
+        #: Decides which calls a ramping binding takes (tests inject their own).
+        self.random = random
         self.store = store
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
@@ -138,6 +145,9 @@ class Breaker:
         #: Transitions a failed write left behind, oldest first.
         self._retry: list[Transition] = []
         self._warned_overdue: set[str] = set()
+        self._warned_soon: set[str] = set()
+        #: Overrides the breaker set itself (a manual restore's hold), not yet stored.
+        self._pending_overrides: list[Override] = []
         #: Someone else wrote overrides (or, with a fleet, states) not read yet.
         self._overrides_stale = False
         self._records_stale = False
@@ -277,6 +287,7 @@ class Breaker:
             fresh, self.machine.outbox = self.machine.outbox, []
             batch, self._retry = self._retry + fresh, []
             if not batch:
+                await self._store_holds()
                 return
             for t in fresh:  # logged once, even if the store makes us retry
                 log.log(
@@ -296,6 +307,7 @@ class Breaker:
                 self._retry = batch[overflow:]
                 raise
             self.last_store_error = None
+            await self._store_holds()
             now = self.clock()
             for record in beaten:  # another gateway moved first: its state is the truth
                 if self.machine.adopt(self._snapshot_from(record), now, force=True):
@@ -343,6 +355,18 @@ class Breaker:
             await self.store.end_override(override.id, entry)
             self.overrides.remove(override.id)
             log.info("breaker: %s on %s expired", override.describe(), _subject(override))
+        warn_s = self.settings.review_warn_h * 3600
+        for override in self.overrides.review_soon(wall_now, warn_s):
+            if override.id not in self._warned_soon:
+                self._warned_soon.add(override.id)
+                log.warning(
+                    "breaker: %s on %s (owner %s) is due for review in %.0f h (%s)",
+                    override.describe(),
+                    _subject(override),
+                    override.owner,
+                    (override.review_by - wall_now) / 3600,
+                    iso(override.review_by),
+                )
         for override in self.overrides.overdue(wall_now):
             if override.id not in self._warned_overdue:
                 self._warned_overdue.add(override.id)
@@ -430,7 +454,7 @@ class Breaker:
             track.others = view.latency.get(kind, [])
         if h.state is State.TRIAL:
             h.trial_successes = max(h.trial_successes, view.trial_successes)
-        self.machine.judge(view.binding, now)
+        self._after(self.machine.judge(view.binding, now))
 
     # -- hooks -----------------------------------------------------------------
 
@@ -476,7 +500,60 @@ class Breaker:
         admission = self.machine.admit(binding.id, now)
         if not admission.admitted:
             return admission.reason, False, None
+        if admission.trial_token is None:
+            share = self._ramp_share(self.machine.get(binding.id, now), now)
+            if share < 1.0 and self.random() >= share:
+                return f"breaker: ramping up ({share:.0%} of calls)", False, None
         return None, False, admission.trial_token
+
+    def _ramp_share(self, h: BindingHealth, now: float) -> float:
+        """The share of calls a binding restored ``ramp_s`` ago or less takes (slow start)."""
+        ramp_s = self.settings.ramp_s
+        if ramp_s <= 0 or h.restored_at is None or h.state not in (State.ELIGIBLE, State.SUSPECT):
+            return 1.0
+        elapsed = now - h.restored_at
+        return 1.0 if elapsed >= ramp_s else max(RAMP_FLOOR, elapsed / ramp_s)
+
+    def _after(self, transition: Transition | None) -> None:
+        """A trial that passed on a ``restore = "manual"`` line is held for an operator."""
+        if (
+            transition is None
+            or transition.to_state is not State.ELIGIBLE
+            or transition.from_state is not State.TRIAL
+            or transition.binding not in self.settings.manual
+        ):
+            return
+        wall_now = self.wall.now()
+        hold = Override(
+            id=new_override_id(),
+            kind="quarantine",
+            scope="binding",
+            target=transition.binding,
+            reason=MANUAL_HOLD,
+            owner="breaker",
+            created_at=wall_now,
+            review_by=wall_now + self.settings.review_default_s,
+        )
+        self.overrides.add(hold)
+        self._pending_overrides.append(hold)
+        self.counters["breaker_manual_holds"] += 1
+        log.warning(
+            "breaker: %s passed its trial; restore = manual: held by %s until "
+            "`prism breaker release %s`",
+            transition.binding,
+            hold.id,
+            hold.id,
+        )
+        self._wake.set()
+
+    async def _store_holds(self) -> None:
+        while self._pending_overrides:
+            hold = self._pending_overrides[0]
+            entry = self._override_audit(
+                hold, "quarantine", "breaker", hold.reason, hold.created_at
+            )
+            await self.store.add_override(hold, entry)
+            self._pending_overrides.pop(0)
 
     def _held_by_operator(self, binding: Binding, now: float, wall_now: float) -> str | None:
         """Why a quarantine or a full cap keeps ``binding`` out right now, or None."""
@@ -603,8 +680,10 @@ class Breaker:
         if not evidence:
             self.counters["breaker_stale_evidence"] += 1
             return
-        self.machine.observe(
-            key, self._observation(call, attempt, attempt.verdict, tag), self.clock()
+        self._after(
+            self.machine.observe(
+                key, self._observation(call, attempt, attempt.verdict, tag), self.clock()
+            )
         )
         if self.machine.outbox:
             self._wake.set()
@@ -750,6 +829,12 @@ class Breaker:
                 },
                 "overrides": [o.to_json(wall_now, with_text=with_text) for o in overrides],
             }
+            share = self._ramp_share(h, now)
+            if share < 1.0 and h.restored_at is not None:
+                entry["ramp"] = {
+                    "share": round(share, 3),
+                    "left_s": round(self.settings.ramp_s - (now - h.restored_at), 1),
+                }
             if h.state is State.TRIAL:
                 entry["trial"] = {
                     "successes": h.trial_successes,
@@ -767,6 +852,10 @@ class Breaker:
             "bindings": bindings,
             "overrides": [o.to_json(wall_now, with_text=with_text) for o in overrides],
             "overdue_reviews": [o.id for o in overrides if o.review_overdue(wall_now)],
+            "reviews_due_soon": [
+                o.id
+                for o in self.overrides.review_soon(wall_now, self.settings.review_warn_h * 3600)
+            ],
             "stand_downs": self.counters["breaker_stand_down"],
             "store": {
                 "where": self.store.description,

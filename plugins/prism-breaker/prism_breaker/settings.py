@@ -6,7 +6,7 @@ from pathlib import Path
 
 import attrs
 
-from prism_proxy import Catalog, Config, Section
+from prism_proxy import Catalog, Config, ConfigError, Section
 
 __all__ = ["MEMORY", "POLICIES", "SECTION", "Settings"]
 
@@ -40,6 +40,8 @@ _KEYS = frozenset(
         "state_path",
         "refresh_s",
         "review_default_s",
+        "review_warn_h",
+        "ramp_s",
     }
 )
 
@@ -71,6 +73,13 @@ class Settings:
     state_path: str = MEMORY
     refresh_s: float = 2.0
     review_default_s: float = 7 * 86400.0
+    #: Overrides are flagged this many hours before their review time.
+    review_warn_h: float = 24.0
+    #: After a restoration the binding's share of traffic grows from 10% to all over this.
+    ramp_s: float = 30.0
+    #: Bindings whose catalog line says ``restore = "manual"``: a passed trial waits
+    #: for an operator's release.
+    manual: frozenset[str] = frozenset()
     #: The configuration file the settings came from (for errors met later).
     source: str = "<config>"
 
@@ -121,8 +130,30 @@ class Settings:
             state_path=_state_path(config, section),
             refresh_s=section.get_float("refresh_s", 2.0, min=0.01, max=3600.0),
             review_default_s=section.get_float("review_default_s", 7 * 86400.0, min=60.0),
+            review_warn_h=section.get_float("review_warn_h", 24.0, min=0.0, max=24.0 * 365),
+            ramp_s=section.get_float("ramp_s", 30.0, min=0.0, max=3600.0),
+            manual=_manual(catalog),
             source=config.source,
         )
+
+
+def _manual(catalog: Catalog | None) -> frozenset[str]:
+    """The bindings whose line says ``restore = "manual"`` (checking every ``restore``)."""
+    if catalog is None:
+        return frozenset()
+    manual = set()
+    for model in catalog.models.values():
+        for index, binding in enumerate(model.chain):
+            value = binding.options.get("restore", "auto")
+            if value not in ("auto", "manual"):
+                raise ConfigError(
+                    catalog.source,
+                    f"models.{model.name}.chain[{index}].restore",
+                    f'expected "auto" or "manual", got {value!r}',
+                )
+            if value == "manual":
+                manual.add(binding.id)
+    return frozenset(manual)
 
 
 def _fraction(section: Section, key: str, default: float) -> float:

@@ -129,7 +129,8 @@ async def test_a_trial_that_passes_restores_the_binding(prism_fake, prism_gatewa
         kit.catalog("flaky", "ok"),
         clock=fake_time.clock,
         sleep=fake_time.sleep,
-        sections={"breaker": {"trial_min_successes": 3, "trial_min_duration_s": 20}},
+        # No slow start here: this is about the trial (the ramp has its own tests).
+        sections={"breaker": {"trial_min_successes": 3, "trial_min_duration_s": 20, "ramp_s": 0}},
     )
     await kit.chat(gw)
     fake_time.advance(30)

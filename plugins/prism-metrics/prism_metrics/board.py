@@ -100,6 +100,15 @@ def board_snapshot(generation: Generation, *, with_text: bool) -> dict[str, Any]
                     "text": f"{o['kind']} {override_id} on {o['target']} is past its review time",
                 }
             )
+        for override_id in health["reviews_due_soon"]:
+            o = overrides.get(override_id, {"kind": "override", "target": "?", "review_by": "?"})
+            banners.append(
+                {
+                    "kind": "review",
+                    "text": f"{o['kind']} {override_id} on {o['target']} is due for review "
+                    f"by {o['review_by']}",
+                }
+            )
     capacity = generation.plugin("metrics.capacity")
     if capacity is not None:
         banners.extend(capacity.banners())
@@ -160,6 +169,8 @@ def _tile(binding_id: str, entry: dict[str, Any] | None, breaker_on: bool) -> di
         tile["left_s"] = max(0, round(left))
     if "trial" in entry:
         tile["trial"] = entry["trial"]
+    if "ramp" in entry:
+        tile["ramp"] = entry["ramp"]
     return tile
 
 

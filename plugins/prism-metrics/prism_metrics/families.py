@@ -113,6 +113,13 @@ FAMILIES: tuple[Family, ...] = (
         combine="livemin",
     ),
     Family(
+        "prism_override_reviews",
+        "gauge",
+        "Operator overrides whose review is due soon (due_soon) or past (overdue).",
+        ("when",),
+        combine="livemostrecent",
+    ),
+    Family(
         "prism_capacity_reserve_ratio",
         "gauge",
         "A tier's reserve for losing this line over the line's peak (the capacity rule "

@@ -147,6 +147,9 @@ class MetricsHooks:
                 for name in STATES:
                     m["prism_breaker_state"].labels(*labels, name).set(1 if name == state else 0)
                 m["prism_binding_error_ratio"].labels(*labels).set(entry["window"]["error_rate"])
+            reviews = m["prism_override_reviews"]
+            reviews.labels("due_soon").set(len(health["reviews_due_soon"]))
+            reviews.labels("overdue").set(len(health["overdue_reviews"]))
         up = 1  # nothing shared is nothing down
         for facts in generation.pm.hook.prism_readyz(generation=generation):
             if (facts or {}).get("shared_state", "ok") != "ok":

@@ -176,3 +176,32 @@ async def test_in_a_browser_a_tripped_binding_turns_red_without_a_reload(
             assert shot.stat().st_size > 0
         finally:
             await browser.close()
+
+
+async def test_an_override_due_for_review_soon_is_a_banner_and_a_metric(
+    prism_fake, prism_gateway, monkeypatch
+):
+    from .conftest import scrape, value
+
+    gw = await board_gateway(prism_gateway, prism_fake, monkeypatch)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            gw.url + "/prism/breaker/overrides",
+            json={
+                "kind": "quarantine",
+                "scope": "binding",
+                "target": "x/up-x",
+                "reason": "r",
+                "owner": "ana",
+                "review_by": "3h",
+            },
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response:
+            assert response.status == 201
+        async with session.get(gw.url + "/prism/board.json") as response:
+            board = await response.json()
+    (banner,) = [b for b in board["banners"] if b["kind"] == "review"]
+    assert "x/up-x is due for review" in banner["text"]
+    text = await scrape(gw.url)
+    assert value(text, "prism_override_reviews", when="due_soon") == 1
+    assert value(text, "prism_override_reviews", when="overdue") == 0
