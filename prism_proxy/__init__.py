@@ -5,7 +5,7 @@ else.  Everything in submodules not re-exported here is private and may
 change without notice.
 """
 
-from .admin import admin_handler, is_admin, require_admin
+from .admin import ADMIN_HEADER, admin_handler, is_admin, require_admin
 from .answers import error_response
 from .app import create_app
 from .background import background
@@ -54,6 +54,7 @@ from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
 __all__ = [
+    "ADMIN_HEADER",
     "ANONYMOUS",
     "GATEWAY",
     "PARAM_RULE_KEYS",

@@ -17,7 +17,11 @@ from .answers import error_response
 from .errors import PrismError
 from .gateway import GATEWAY
 
-__all__ = ["admin_handler", "is_admin", "require_admin"]
+__all__ = ["ADMIN_HEADER", "admin_handler", "is_admin", "require_admin"]
+
+#: The admin token on a call to the model API, where ``Authorization`` carries the
+#: caller's API key (``x-prism-traffic`` needs it).
+ADMIN_HEADER = "x-prism-admin-token"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,18 +38,25 @@ def require_admin(request: web.Request) -> None:
         raise PrismError(401, "invalid_admin_token", "missing or invalid admin token")
 
 
-def is_admin(request: web.Request, *, cookie: str | None = None) -> bool:
-    """Whether the request carries the admin token: in ``Authorization``, or (for
-    read-only pages a browser opens, whose ``EventSource`` cannot send headers)
-    in the cookie named ``cookie``."""
+def is_admin(
+    request: web.Request, *, cookie: str | None = None, header: str | None = None
+) -> bool:
+    """Whether the request carries the admin token: in ``Authorization``; or in the
+    header named ``header`` (a model API call, whose ``Authorization`` is an API
+    key); or in the cookie named ``cookie`` (read-only pages a browser opens, whose
+    ``EventSource`` cannot send headers)."""
     try:
         require_admin(request)
         return True
     except PrismError:
         pass
     token = request.app[GATEWAY].config.admin_token
-    value = urllib.parse.unquote(request.cookies.get(cookie, "")) if cookie else ""
-    return bool(token and value and hmac.compare_digest(value.encode(), token.encode()))
+    if not token:
+        return False
+    value = request.headers.get(header, "") if header else ""
+    if not value and cookie:
+        value = urllib.parse.unquote(request.cookies.get(cookie, ""))
+    return bool(value and hmac.compare_digest(value.encode(), token.encode()))
 
 
 def admin_handler(handler: Handler) -> Handler:

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .admin import admin_handler
+from .admin import ADMIN_HEADER, admin_handler, is_admin
 from .answers import Answer, BodyAnswer, ErrorAnswer, error_response, settle
 from .call import Call, Endpoint, Settlement, new_id
 from .dispatch import SERVED_SLOT, ChainDeadline, PassThrough, dispatch, exhausted
@@ -189,6 +189,7 @@ async def _answer(generation: Generation, call: Call) -> Answer:
         else:
             call.model_name = validate_embeddings(body)
         _authenticate(generation, call)
+        _traffic(call)
         call.model = generation.catalog.resolve(call.model_name)
         if call.model is None:
             raise PrismError(
@@ -229,6 +230,33 @@ def _authenticate(generation: Generation, call: Call) -> None:
     principal = authenticate(call=call) if authenticate is not None else None
     if principal is not None:
         call.principal = principal
+
+
+#: Marks a call as Prism's own traffic (``probe``, ``preflight``): never billed to a
+#: customer, never evidence for the breaker.  Only with the admin token.
+TRAFFIC_HEADER = "x-prism-traffic"
+OPERATOR_TRAFFIC = ("probe", "preflight")
+
+
+def _traffic(call: Call) -> None:
+    kind = call.request.headers.get(TRAFFIC_HEADER)
+    if kind is None:
+        return
+    if kind not in OPERATOR_TRAFFIC:
+        raise PrismError(
+            400,
+            "invalid_traffic",
+            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
+            param=TRAFFIC_HEADER,
+        )
+    if not is_admin(call.request, header=ADMIN_HEADER):
+        raise PrismError(
+            403,
+            "traffic_not_allowed",
+            f"{TRAFFIC_HEADER} needs the admin token in {ADMIN_HEADER}",
+            param=TRAFFIC_HEADER,
+        )
+    call.traffic = kind
 
 
 def _refused(call: Call, err: PrismError) -> Answer:

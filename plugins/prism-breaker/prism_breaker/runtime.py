@@ -63,6 +63,7 @@ MAX_PENDING = 10_000
 STOP_TIMEOUT_S = 10.0
 #: A ramping binding's share of calls starts here (Envoy's slow start has a floor too).
 RAMP_FLOOR = 0.1
+CUSTOMER = "customer"
 MANUAL_HOLD = 'restore = "manual": the trial passed; release this hold to send traffic'
 
 
@@ -460,6 +461,8 @@ class Breaker:
 
     def select(self, call: Call, route: Route) -> None:
         """Filter ``route`` in place: skip what is out, stand down when everything is."""
+        if call.traffic != CUSTOMER:
+            return  # probes and preflight test a line whatever its state
         now = self.clock()
         wall_now = self.wall.at(now)
         state = self._call_state(call)
@@ -576,6 +579,8 @@ class Breaker:
         A trial attempt with a fleet answers with an awaitable: the slot is the
         fleet's to give (:meth:`_fleet_trial`).
         """
+        if call.traffic != CUSTOMER:
+            return None
         now = self.clock()
         held = self._held_by_operator(binding, now, self.wall.at(now))
         if held is not None:
@@ -677,6 +682,8 @@ class Breaker:
         if attempt.verdict.outcome not in (Outcome.OK, Outcome.EMPTY):
             # Failed attempts end here; a serving one stays in flight until settle.
             self._end_attempt(key, tag)
+        if call.traffic != CUSTOMER:
+            return  # Prism's own traffic is never evidence about customers' calls
         if not evidence:
             self.counters["breaker_stale_evidence"] += 1
             return

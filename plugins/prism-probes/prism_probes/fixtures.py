@@ -1,0 +1,146 @@
+"""The capability fixtures: what each asks a line, and what its answer must show.
+
+A fixture checks the response contract, not only the status: a chat answer
+needs text, a finish reason and usage; a tool call must name the tool and
+carry arguments that parse as the JSON object its schema asks for; an
+embedding must be a vector of numbers (of the line's dimension when known).
+Nothing private goes into them: fixed text written for the purpose.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import orjson
+
+__all__ = [
+    "CHAT",
+    "EMBEDDINGS",
+    "STRICT_SYSTEM",
+    "TOOL",
+    "Answer",
+    "Fixture",
+    "long_prompt",
+]
+
+#: The system prompt of the long ("production-shaped") prompt: strict, as real ones are.
+STRICT_SYSTEM = (
+    "You are a customer support agent. Answer only from the policy document the user "
+    "gives. Quote the rule you apply by its number. Answer in at most three sentences. "
+    "Never invent a rule, a price or a date."
+)
+
+
+@attrs.define
+class Answer:
+    """What came back, as a caller would read it (nothing kept beyond this check)."""
+
+    status: int
+    ttft_ms: float | None = None
+    total_ms: float = 0.0
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] = attrs.field(factory=list)
+    embedding: list[Any] | None = None
+    error: str | None = None
+
+
+@attrs.frozen
+class Fixture:
+    name: str
+    endpoint: str  # chat or embeddings
+    body: dict[str, Any]
+    stream: bool
+    check: Callable[[Answer, dict[str, Any]], str | None]
+    #: The line capability it needs (None: every chat line).
+    needs: str | None = None
+
+
+def _chat_ok(answer: Answer, line: dict[str, Any]) -> str | None:
+    if not answer.text.strip():
+        return "no text in the answer"
+    if not answer.finish_reason:
+        return "no finish reason"
+    if not answer.usage:
+        return "no usage reported"
+    return None
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _tool_ok(answer: Answer, line: dict[str, Any]) -> str | None:
+    if not answer.tool_calls:
+        return "no tool call"
+    function = answer.tool_calls[0].get("function") or {}
+    if function.get("name") != "get_weather":
+        return f"called {function.get('name')!r}, not get_weather"
+    try:
+        arguments = orjson.loads(function.get("arguments") or "")
+    except orjson.JSONDecodeError:
+        return "tool arguments do not parse as JSON"
+    if not isinstance(arguments, dict) or "city" not in arguments:
+        return "tool arguments miss the required 'city'"
+    return None
+
+
+def _embedding_ok(answer: Answer, line: dict[str, Any]) -> str | None:
+    vector = answer.embedding
+    if not vector or not all(isinstance(x, int | float) for x in vector):
+        return "no vector of numbers"
+    dimensions = line.get("dimensions")
+    if dimensions is not None and len(vector) != dimensions:
+        return f"a vector of {len(vector)} numbers, the line declares {dimensions}"
+    return None
+
+
+CHAT = Fixture(
+    "chat",
+    "chat",
+    {
+        "messages": [
+            {"role": "system", "content": "You are a health check. Answer in one short sentence."},
+            {"role": "user", "content": "Say that the check passed."},
+        ],
+        "max_tokens": 32,
+        "stream_options": {"include_usage": True},
+    },
+    stream=True,
+    check=_chat_ok,
+)
+TOOL = Fixture(
+    "tool",
+    "chat",
+    {
+        "messages": [{"role": "user", "content": "What is the weather in Lisbon right now?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "max_tokens": 64,
+    },
+    stream=False,
+    check=_tool_ok,
+    needs="tools",
+)
+EMBEDDINGS = Fixture(
+    "embeddings", "embeddings", {"input": ["a health check"]}, stream=False, check=_embedding_ok
+)
+
+
+def long_prompt() -> str:
+    """About 2,000 tokens: a support policy document (the shipped default of ``--prompt-file``)."""
+    return importlib.resources.files("prism_probes").joinpath("long_prompt.txt").read_text()
