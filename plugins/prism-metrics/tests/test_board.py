@@ -51,6 +51,18 @@ async def trip_x(fake, url: str) -> None:
         assert (await chat(url)).status == 200
 
 
+async def quarantine_x(url: str, **fields: str) -> None:
+    """Quarantine x/up-x through the admin API, as the owner ``ana``."""
+    body = {"kind": "quarantine", "scope": "binding", "target": "x/up-x", "owner": "ana", **fields}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/prism/breaker/overrides",
+            json=body,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        ) as response:
+            assert response.status == 201
+
+
 async def next_board(response: aiohttp.ClientResponse) -> dict:
     """The next ``board`` event of an SSE stream."""
     event, data = None, []
@@ -98,19 +110,8 @@ async def test_the_feed_pushes_a_trip_without_being_asked(prism_fake, prism_gate
 
 async def test_owners_and_reasons_only_for_the_admin(prism_fake, prism_gateway, monkeypatch):
     gw = await board_gateway(prism_gateway, prism_fake, monkeypatch)
+    await quarantine_x(gw.url, reason="vendor says so")
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            gw.url + "/prism/breaker/overrides",
-            json={
-                "kind": "quarantine",
-                "scope": "binding",
-                "target": "x/up-x",
-                "reason": "vendor says so",
-                "owner": "ana",
-            },
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as response:
-            assert response.status == 201
         async with session.get(gw.url + "/prism/board.json") as response:
             public = await response.json()
         cookies = {"prism_board_token": ADMIN_TOKEN}
@@ -184,20 +185,8 @@ async def test_an_override_due_for_review_soon_is_a_banner_and_a_metric(
     from .conftest import scrape, value
 
     gw = await board_gateway(prism_gateway, prism_fake, monkeypatch)
+    await quarantine_x(gw.url, reason="r", review_by="3h")
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            gw.url + "/prism/breaker/overrides",
-            json={
-                "kind": "quarantine",
-                "scope": "binding",
-                "target": "x/up-x",
-                "reason": "r",
-                "owner": "ana",
-                "review_by": "3h",
-            },
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        ) as response:
-            assert response.status == 201
         async with session.get(gw.url + "/prism/board.json") as response:
             board = await response.json()
     (banner,) = [b for b in board["banners"] if b["kind"] == "review"]
