@@ -50,6 +50,7 @@ from .providers import (
     line_params,
     normalise_params,
 )
+from .selflink import INTERNAL_HEADER, SelfLink
 from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
@@ -57,6 +58,7 @@ __all__ = [
     "ADMIN_HEADER",
     "ANONYMOUS",
     "GATEWAY",
+    "INTERNAL_HEADER",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
     "WORKERS_DIR_ENV",
@@ -84,6 +86,7 @@ __all__ = [
     "ProviderFactory",
     "ProviderSpec",
     "Route",
+    "SelfLink",
     "Section",
     "Settlement",
     "Skip",

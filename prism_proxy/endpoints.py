@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 from typing import Any
@@ -18,6 +19,7 @@ from .errors import ConfigError, PrismError
 from .gateway import GATEWAY
 from .generation import Generation
 from .relay import degraded, relay
+from .selflink import INTERNAL_HEADER
 from .wire import ANTHROPIC, OPENAI, Wire, wire_for
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
@@ -188,8 +190,9 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             call.model_name, call.stream = validate_messages(body)
         else:
             call.model_name = validate_embeddings(body)
-        _authenticate(generation, call)
-        _traffic(call)
+        if not _internal(call, generation):
+            _authenticate(generation, call)
+            _traffic(call)
         call.model = generation.catalog.resolve(call.model_name)
         if call.model is None:
             raise PrismError(
@@ -236,6 +239,26 @@ def _authenticate(generation: Generation, call: Call) -> None:
 #: customer, never evidence for the breaker.  Only with the admin token.
 TRAFFIC_HEADER = "x-prism-traffic"
 OPERATOR_TRAFFIC = ("probe", "preflight")
+
+
+def _internal(call: Call, generation: Generation) -> bool:
+    """A call Prism makes to itself (a probe): its internal token, no authentication."""
+    presented = call.request.headers.get(INTERNAL_HEADER)
+    if presented is None:
+        return False
+    token = generation.self_link.token
+    if not hmac.compare_digest(presented.encode(), token.encode()):
+        raise PrismError(403, "invalid_internal_token", f"{INTERNAL_HEADER} is not this gateway's")
+    kind = call.request.headers.get(TRAFFIC_HEADER, "probe")
+    if kind not in OPERATOR_TRAFFIC:
+        raise PrismError(
+            400,
+            "invalid_traffic",
+            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
+            param=TRAFFIC_HEADER,
+        )
+    call.traffic = kind
+    return True
 
 
 def _traffic(call: Call) -> None:

@@ -16,6 +16,7 @@ from aiohttp import web
 from .config import Config, load_config
 from .errors import ConfigError
 from .generation import Generation, Keeper, build_generation
+from .selflink import SelfLink
 
 __all__ = ["GATEWAY", "Gateway"]
 
@@ -46,6 +47,8 @@ class Gateway:
     #: Retired generations whose calls are still running.
     draining_generations: set[Generation] = attrs.field(factory=set)
     keeper: Keeper = attrs.field(factory=Keeper)
+    #: Its own URL and internal token, handed to every generation.
+    self_link: SelfLink = attrs.field(factory=SelfLink)
     _reload_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     _stopping: set[asyncio.Task[None]] = attrs.field(factory=set)
 
@@ -72,6 +75,7 @@ class Gateway:
             sleep=self.sleep,
             random=self.random,
             counters=self.counters,
+            self_link=self.self_link,
         )
 
     async def reload(self, config: Config | None = None) -> Generation:

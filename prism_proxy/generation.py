@@ -42,6 +42,7 @@ from .plugins import (
     provider_kinds,
 )
 from .providers import ParamProfile, Provider
+from .selflink import SelfLink
 from .telemetry import Telemetry
 from .wire import Wires, default_wires
 
@@ -137,6 +138,8 @@ class Generation:
     capacity: Capacity = attrs.field(factory=Capacity)
     #: Where plugins report measurements (a metrics plugin replaces the core's no-op).
     telemetry: Telemetry = attrs.field(factory=Telemetry)
+    #: How the gateway reaches itself (shared by its generations).
+    self_link: SelfLink = attrs.field(factory=SelfLink)
     #: The wire formats and translations the plugins registered (``prism_wires``).
     wires: Wires = attrs.field(factory=lambda: Wires.of(default_wires()))
     #: The parameter profiles the plugins ship (``prism_param_profiles``), by family.
@@ -252,6 +255,7 @@ def build_generation(
     *,
     number: int = 1,
     keeper: Keeper | None = None,
+    self_link: SelfLink | None = None,
     plugins: Iterable[tuple[object, str]] = (),
     load_entrypoints: bool = True,
     clock: Callable[[], float] = time.monotonic,
@@ -291,6 +295,7 @@ def build_generation(
         sleep=sleep,
         random=random,
         counters=counters if counters is not None else collections.Counter(),
+        self_link=self_link if self_link is not None else SelfLink(),
     )
     generation.capacity = generation.keep(("prism.capacity",), Capacity)
     try:

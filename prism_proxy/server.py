@@ -164,6 +164,12 @@ async def listen(
     sockets = app.get(LISTEN_SOCKETS)
     if sockets is None:
         sockets = bind(host, port)
+    if GATEWAY in app:
+        # Known before the start-up contexts run: plugins may call themselves.
+        own = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        if ":" in own:
+            own = f"[{own}]"
+        app[GATEWAY].self_link.url = f"http://{own}:{sockets[0].getsockname()[1]}"
     if max_connections is None:
         max_connections, soft = default_limit()
         log.info(

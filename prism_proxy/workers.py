@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 import attrs
 
 from .config import Config
+from .selflink import INTERNAL_TOKEN_ENV
 from .telemetry import WORKERS_DIR_ENV
 
 __all__ = ["MAX_BACKOFF_S", "Supervisor"]
@@ -56,6 +58,8 @@ class Supervisor:
     stopping: asyncio.Event = attrs.field(factory=asyncio.Event)
     #: The directory the workers share (``PRISM_WORKERS_DIR``) while they run.
     shared_dir: str | None = None
+    #: One internal token for every worker: a call to the port may reach any of them.
+    internal_token: str = attrs.field(factory=lambda: secrets.token_urlsafe(24), repr=False)
 
     def _argv(self) -> list[str]:
         fds = ",".join(str(sock.fileno()) for sock in self.sockets)
@@ -101,7 +105,11 @@ class Supervisor:
         fds = [sock.fileno() for sock in self.sockets]
         while not self.stopping.is_set():
             started = time.monotonic()
-            env = {**os.environ, WORKERS_DIR_ENV: self.shared_dir or ""}
+            env = {
+                **os.environ,
+                WORKERS_DIR_ENV: self.shared_dir or "",
+                INTERNAL_TOKEN_ENV: self.internal_token,
+            }
             process = await asyncio.create_subprocess_exec(*self._argv(), pass_fds=fds, env=env)
             self.workers[slot] = process
             log.info("worker %d started (pid %d)", slot, process.pid)

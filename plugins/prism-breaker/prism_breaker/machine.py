@@ -135,6 +135,8 @@ class BindingHealth:
     consecutive: int = 0
     #: Trial successes not yet reported to the fleet.
     trial_unsent: int = 0
+    #: The latest probe of this binding (never customer evidence): at, passed, detail.
+    last_probe: dict[str, Any] | None = None
     counts: Counter[str] = attrs.field(factory=Counter)
     #: Completions ignored because they started before the latest isolation or trial.
     stale: int = 0
@@ -189,15 +191,36 @@ class Machine:
         """The binding, after moving it to trial if its isolation window has ended."""
         b = self.get(key, now)
         if b.state is State.ISOLATED and (b.isolated_until is None or now >= b.isolated_until):
-            evidence = self.evidence(b, now)
-            self._move(b, State.TRIAL, "isolation window ended", now, evidence)
-            b.trial_revision = b.revision
-            b.trial_since = now
-            b.trial_successes = 0
-            b.trial_unsent = 0
-            b.leases.clear()
-            b.next_slot_at = now
+            self._to_trial(b, "isolation window ended", now)
         return b
+
+    def _to_trial(self, b: BindingHealth, cause: str, now: float) -> Transition:
+        transition = self._move(b, State.TRIAL, cause, now, self.evidence(b, now))
+        b.trial_revision = b.revision
+        b.trial_since = now
+        b.trial_successes = 0
+        b.trial_unsent = 0
+        b.leases.clear()
+        b.next_slot_at = now
+        return transition
+
+    # -- probes --------------------------------------------------------------
+
+    def probe_passed(self, key: str, detail: str, now: float) -> Transition | None:
+        """A probe of an isolated binding passed: its trial opens now, not when the
+        window ends.  Eligibility still needs the trial's own evidence."""
+        b = self.tick(key, now)
+        if b.state is not State.ISOLATED:
+            return None
+        return self._to_trial(b, f"probe passed ({detail}): trial opened early", now)
+
+    def probe_failed(self, key: str, detail: str, now: float) -> Transition | None:
+        """A probe of an isolated or trial binding failed: isolated again, one backoff step
+        further, as a failed trial would be."""
+        b = self.tick(key, now)
+        if b.state not in (State.ISOLATED, State.TRIAL):
+            return None
+        return self._isolate(b, f"probe failed: {detail}", now, None, escalate=True)
 
     def assessment(self, b: BindingHealth, now: float) -> str:
         """healthy, uncertain (too little evidence), suspect, or unavailable."""
@@ -434,10 +457,16 @@ class Machine:
         return None
 
     def _isolate(
-        self, b: BindingHealth, cause: str, now: float, obs: Observation | None
+        self,
+        b: BindingHealth,
+        cause: str,
+        now: float,
+        obs: Observation | None,
+        *,
+        escalate: bool = False,
     ) -> Transition:
         s = self.settings
-        if b.state is State.TRIAL:
+        if b.state is State.TRIAL or escalate:
             step = b.step + 1
         elif b.step < 0 or b.restored_at is None or now - b.restored_at >= s.isolation_max_s:
             step = 0  # a first trip, or the first after a long quiet spell

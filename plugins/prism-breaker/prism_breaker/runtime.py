@@ -149,6 +149,8 @@ class Breaker:
         self._warned_soon: set[str] = set()
         #: Overrides the breaker set itself (a manual restore's hold), not yet stored.
         self._pending_overrides: list[Override] = []
+        #: What a probing plugin says of itself (allowance, pauses); None: no probes.
+        self.probe_status: dict[str, Any] | None = None
         #: Someone else wrote overrides (or, with a fleet, states) not read yet.
         self._overrides_stale = False
         self._records_stale = False
@@ -517,6 +519,23 @@ class Breaker:
         elapsed = now - h.restored_at
         return 1.0 if elapsed >= ramp_s else max(RAMP_FLOOR, elapsed / ramp_s)
 
+    def probe_result(
+        self, binding_id: str, passed: bool, detail: str, *, opens_trial: bool
+    ) -> None:
+        """A probe's verdict (prism-probes): shown in health, never counted as customer
+        evidence; a pass may open an isolated binding's trial early, a failure
+        isolates an isolated or trial binding again, one step further."""
+        now = self.clock()
+        h = self.machine.get(binding_id, now)
+        h.last_probe = {"at": iso(self.wall.at(now)), "passed": passed, "detail": detail}
+        if passed:
+            if opens_trial:
+                self.machine.probe_passed(binding_id, detail, now)
+        else:
+            self.machine.probe_failed(binding_id, detail, now)
+        if self.machine.outbox:
+            self._wake.set()
+
     def _after(self, transition: Transition | None) -> None:
         """A trial that passed on a ``restore = "manual"`` line is held for an operator."""
         if (
@@ -842,6 +861,8 @@ class Breaker:
                     "share": round(share, 3),
                     "left_s": round(self.settings.ramp_s - (now - h.restored_at), 1),
                 }
+            if h.last_probe is not None:
+                entry["probe"] = h.last_probe
             if h.state is State.TRIAL:
                 entry["trial"] = {
                     "successes": h.trial_successes,
@@ -864,6 +885,7 @@ class Breaker:
                 for o in self.overrides.review_soon(wall_now, self.settings.review_warn_h * 3600)
             ],
             "stand_downs": self.counters["breaker_stand_down"],
+            "probes": self.probe_status,
             "store": {
                 "where": self.store.description,
                 "pending_writes": len(self.machine.outbox) + len(self._retry),

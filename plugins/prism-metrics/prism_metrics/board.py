@@ -109,6 +109,15 @@ def board_snapshot(generation: Generation, *, with_text: bool) -> dict[str, Any]
                     f"by {o['review_by']}",
                 }
             )
+        probes = health.get("probes") or {}
+        if probes.get("paused_until"):
+            banners.append(
+                {
+                    "kind": "probes",
+                    "text": f"probes paused: the hourly allowance is spent until "
+                    f"{probes['paused_until']}",
+                }
+            )
     capacity = generation.plugin("metrics.capacity")
     if capacity is not None:
         banners.extend(capacity.banners())
@@ -171,6 +180,8 @@ def _tile(binding_id: str, entry: dict[str, Any] | None, breaker_on: bool) -> di
         tile["trial"] = entry["trial"]
     if "ramp" in entry:
         tile["ramp"] = entry["ramp"]
+    if "probe" in entry:
+        tile["probe"] = entry["probe"]
     return tile
 
 

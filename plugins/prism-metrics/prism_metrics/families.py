@@ -113,6 +113,13 @@ FAMILIES: tuple[Family, ...] = (
         combine="livemin",
     ),
     Family(
+        "prism_probes_total",
+        "counter",
+        "Probes of lines (prism-probes) by result: pass, fail, skipped (the hourly "
+        "allowance is spent).",
+        ("provider", "upstream_model", "result"),
+    ),
+    Family(
         "prism_override_reviews",
         "gauge",
         "Operator overrides whose review is due soon (due_soon) or past (overdue).",

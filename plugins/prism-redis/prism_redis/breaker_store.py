@@ -10,7 +10,7 @@ Keys, under ``<prefix>:breaker:``:
   exists: its absence after an outage means Redis lost everything);
 - ``window:<binding>:<epoch>``, ``latency:<binding>``, ``trial_ok:<binding>``:
   the fleet's evidence (:data:`~.scripts.EXCHANGE`);
-- ``trial:<binding>`` and ``trial_next:<binding>``: trial slot leases.
+- ``trial:<binding>`` and ``trial:<binding>:next``: trial slot leases.
 
 Every write also publishes on ``<prefix>:events`` so the other gateways read
 at once instead of at their next poll.
@@ -34,7 +34,7 @@ from prism_breaker import (
 )
 
 from .connection import SharedRedis
-from .scripts import ADD_OVERRIDE, END_OVERRIDE, EXCHANGE, RECORD, REPUBLISH, TAKE_LEASE
+from .scripts import ADD_OVERRIDE, END_OVERRIDE, EXCHANGE, RECORD, REPUBLISH
 
 __all__ = ["AUDIT_MAX", "RedisBreakerStore"]
 
@@ -211,15 +211,17 @@ class RedisBreakerStore:
     async def take_trial(
         self, binding: str, token: int, *, max_in_flight: int, lease_s: float, spacing_s: float
     ) -> bool:
-        keys = [f"{self.base}trial:{binding}", f"{self.base}trial_next:{binding}"]
-        args = [self._member(token), max_in_flight, int(lease_s * 1000), int(spacing_s * 1000)]
-        with self.shared.guard("trial_lease"):
-            taken = await self._client().eval(TAKE_LEASE, 2, *keys, *args)
-        return bool(taken)
+        return await self.shared.take_lease(
+            "trial_lease",
+            f"{self.base}trial:{binding}",
+            self._member(token),
+            limit=max_in_flight,
+            lease_s=lease_s,
+            spacing_s=spacing_s,
+        )
 
     def end_trial(self, binding: str, token: int) -> None:
-        key, member = f"{self.base}trial:{binding}", self._member(token)
-        self.shared.spawn("trial_release", lambda client: client.zrem(key, member))
+        self.shared.release("trial_release", f"{self.base}trial:{binding}", self._member(token))
 
     def _member(self, token: int) -> str:
         return f"{self.shared.me}:{token}"

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from prism_proxy import Capacity, Slots, background
 
 from .connection import UNREACHABLE, SharedRedis
-from .scripts import RENEW_LEASES, TAKE_LEASE
+from .scripts import RENEW_LEASES
 
 __all__ = ["POLL_S", "FleetCapacity", "FleetSlots"]
 
@@ -60,9 +60,9 @@ class FleetSlots(Slots):
     async def _lease(self) -> bool:
         member = self.fleet.member()
         shared = self.fleet.shared
-        args: list[str | int] = [member, self.limit, int(shared.settings.lease_s * 1000)]
-        with shared.guard("capacity_lease"):
-            taken = await shared.connect().eval(TAKE_LEASE, 1, self.key, *args)
+        taken = await shared.take_lease(
+            "capacity_lease", self.key, member, limit=self.limit, lease_s=shared.settings.lease_s
+        )
         if not taken:
             return False
         self.held.append(member)
@@ -75,8 +75,7 @@ class FleetSlots(Slots):
             super().give_back()
             return
         self.in_flight -= 1
-        key = self.key
-        self.fleet.shared.spawn("capacity_release", lambda client: client.zrem(key, member))
+        self.fleet.shared.release("capacity_release", self.key, member)
 
 
 class FleetCapacity(Capacity):

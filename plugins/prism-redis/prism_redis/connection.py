@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .scripts import TAKE_LEASE
 from .settings import RedisSettings
 
 __all__ = ["UNREACHABLE", "SharedRedis"]
@@ -114,6 +115,28 @@ class SharedRedis:
                 self.settings.where,
                 error,
             )
+
+    async def take_lease(
+        self,
+        kind: str,
+        key: str,
+        member: str,
+        *,
+        limit: int,
+        lease_s: float,
+        spacing_s: float = 0.0,
+    ) -> bool:
+        """One of ``limit`` slots under ``key`` for ``member``, leased for ``lease_s`` and
+        no sooner than ``spacing_s`` after the last one went (Redis's clock decides)."""
+        keys = [key, key + ":next"]
+        args: list[str | int] = [member, limit, int(lease_s * 1000), int(spacing_s * 1000)]
+        with self.guard(kind):
+            taken = await self.connect().eval(TAKE_LEASE, 2, *keys, *args)
+        return bool(taken)
+
+    def release(self, kind: str, key: str, member: str) -> None:
+        """Give a lease back, in the background."""
+        self.spawn(kind, lambda client: client.zrem(key, member))
 
     def spawn(self, kind: str, work: Callable[[aioredis.Redis], Awaitable[Any]]) -> None:
         """Run ``work`` in the background (a release nobody waits for); skipped while degraded."""
