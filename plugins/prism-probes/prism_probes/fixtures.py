@@ -10,7 +10,9 @@ Nothing private goes into them: fixed text written for the purpose.
 from __future__ import annotations
 
 import importlib.resources
-from collections.abc import Callable
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -21,8 +23,11 @@ __all__ = [
     "EMBEDDINGS",
     "STRICT_SYSTEM",
     "TOOL",
+    "VISION",
     "Answer",
     "Fixture",
+    "fixtures_for",
+    "load_bodies",
     "long_prompt",
 ]
 
@@ -136,6 +141,30 @@ TOOL = Fixture(
     check=_tool_ok,
     needs="tools",
 )
+#: An 8x8 red square: an image no one owns.
+RED_SQUARE = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAEUlEQVR4nGO4"
+    "IyeHFTEMLQkAid1GAXiz9RcAAAAASUVORK5CYII="
+)
+VISION = Fixture(
+    "vision",
+    "chat",
+    {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What colour is this square? One word."},
+                    {"type": "image_url", "image_url": {"url": RED_SQUARE}},
+                ],
+            }
+        ],
+        "max_tokens": 16,
+    },
+    stream=False,
+    check=lambda answer, line: None if answer.text.strip() else "no text in the answer",
+    needs="vision",
+)
 EMBEDDINGS = Fixture(
     "embeddings", "embeddings", {"input": ["a health check"]}, stream=False, check=_embedding_ok
 )
@@ -144,3 +173,55 @@ EMBEDDINGS = Fixture(
 def long_prompt() -> str:
     """About 2,000 tokens: a support policy document (the shipped default of ``--prompt-file``)."""
     return importlib.resources.files("prism_probes").joinpath("long_prompt.txt").read_text()
+
+
+#: ``probe = ...`` on a chain line: which fixtures describe it (``chat`` by default).
+PROBE_KINDS = ("chat", "embeddings", "off")
+
+
+def fixtures_for(
+    line: Any, endpoint: str | None = None, bodies: Mapping[str, dict[str, Any]] | None = None
+) -> list[Fixture]:
+    """The fixtures for ``line`` (a catalog Binding): its ``probe`` kind, or ``endpoint``,
+    decides chat or embeddings; a chat line adds ``tool`` and ``vision`` where it
+    declares those capabilities.  ``probe = "off"``: none.  ``bodies`` replaces
+    shipped fixtures' requests by name (:func:`load_bodies`); their checks stay."""
+    kind = endpoint or line.options.get("probe", "chat")
+    if kind == "off":
+        return []
+    if kind == "embeddings":
+        chosen = [EMBEDDINGS]
+    else:
+        declared = line.options.get("capabilities") or ()
+        chosen = [CHAT] + [f for f in (TOOL, VISION) if f.needs in declared]
+    bodies = bodies or {}
+    return [
+        attrs.evolve(f, body=_body(f, bodies[f.name])) if f.name in bodies else f for f in chosen
+    ]
+
+
+def _body(fixture: Fixture, body: dict[str, Any]) -> dict[str, Any]:
+    """A replacement body; a streamed fixture still asks for usage (the contract checks it)."""
+    if fixture.stream:
+        return {"stream_options": {"include_usage": True}, **body}
+    return body
+
+
+def load_bodies(path: Path) -> dict[str, dict[str, Any]]:
+    """A TOML file of fixture requests: ``[chat]``, ``[tool]``, ``[vision]``,
+    ``[embeddings]`` tables, each the request body that fixture sends instead
+    (the model is always the line's).  Raises ValueError naming the problem."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    known = {f.name for f in (CHAT, TOOL, VISION, EMBEDDINGS)}
+    for name, body in data.items():
+        if name not in known:
+            raise ValueError(
+                f"{path}: [{name}]: no such fixture (known: {', '.join(sorted(known))})"
+            )
+        if not isinstance(body, dict) or ("messages" not in body and "input" not in body):
+            raise ValueError(f"{path}: [{name}]: a request body needs messages (or input)")
+        body.pop("model", None)
+    return data

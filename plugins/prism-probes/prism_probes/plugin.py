@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from prism_proxy import Commands, Generation, hookimpl
+from prism_proxy import CatalogKeys, Commands, ConfigError, Generation, hookimpl
 
+from .fixtures import PROBE_KINDS
 from .preflight import add_commands
 from .prober import Prober, Spend
 from .settings import ProbeSettings
@@ -14,6 +15,7 @@ PROBER_NAME = "probes.prober"
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
+    _check_probe_kinds(generation)
     settings = ProbeSettings.from_config(generation.config)
     if settings is None:
         return
@@ -24,5 +26,24 @@ def prism_generation(generation: Generation) -> None:
 
 
 @hookimpl
+def prism_catalog_keys() -> CatalogKeys:
+    # probe = "chat" | "embeddings" | "off" on a chain line: what its probes ask.
+    return CatalogKeys(binding=frozenset({"probe"}))
+
+
+@hookimpl
 def prism_cli(commands: Commands) -> None:
     add_commands(commands)
+
+
+def _check_probe_kinds(generation: Generation) -> None:
+    catalog = generation.catalog
+    for model in catalog.models.values():
+        for index, line in enumerate(model.chain):
+            kind = line.options.get("probe", "chat")
+            if kind not in PROBE_KINDS:
+                raise ConfigError(
+                    catalog.source,
+                    f"models.{model.name}.chain[{index}].probe",
+                    f"expected one of {', '.join(PROBE_KINDS)}, got {kind!r}",
+                )

@@ -41,7 +41,16 @@ from aiohttp import web
 from prism_proxy import ADMIN_HEADER, GATEWAY, Binding, Catalog, Commands, Config, create_app
 
 from .client import call_gateway
-from .fixtures import CHAT, EMBEDDINGS, STRICT_SYSTEM, TOOL, Answer, Fixture, long_prompt
+from .fixtures import (
+    CHAT,
+    EMBEDDINGS,
+    STRICT_SYSTEM,
+    Answer,
+    Fixture,
+    fixtures_for,
+    load_bodies,
+    long_prompt,
+)
 
 __all__ = ["add_commands", "run_preflight", "run_suite"]
 
@@ -86,6 +95,7 @@ def add_commands(commands: Commands) -> None:
     parser.add_argument("--prompt-file", type=Path, help="the production-shaped prompt")
     parser.add_argument("--dimensions", type=int, help="expected embedding dimension")
     parser.add_argument("--suite", type=Path, help="a TOML suite run across the chain")
+    parser.add_argument("--fixtures", type=Path, help="TOML fixture requests replacing ours")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -95,6 +105,7 @@ def _run(args: argparse.Namespace, config: Config) -> int:
         lines = _lines(catalog, args.model, args.binding)
         suite = _load_suite(args.suite) if args.suite else None
         prompt = args.prompt_file.read_text() if args.prompt_file else long_prompt()
+        bodies = load_bodies(args.fixtures) if args.fixtures else {}
     except (ValueError, OSError) as exc:
         print(f"prism preflight: {exc}", file=sys.stderr)
         return 2
@@ -109,6 +120,7 @@ def _run(args: argparse.Namespace, config: Config) -> int:
                     session, url, headers, lines, args.endpoint,
                     prompt=prompt, budget_ms=args.budget_ms,
                     first_token_ms=args.first_token_ms, dimensions=args.dimensions,
+                    bodies=bodies,
                 )  # fmt: skip
                 ok = all(r.ok for r in reports)
                 return ok, _dumps([attrs.asdict(r) for r in reports]) if args.json else _table(
@@ -176,24 +188,21 @@ async def run_preflight(
     budget_ms: int,
     first_token_ms: int,
     dimensions: int | None = None,
+    bodies: dict[str, dict[str, Any]] | None = None,
 ) -> list[LineReport]:
     reports = []
     for line in lines:
         timeout_s = max(budget_ms, first_token_ms) / 1000 * 3 + 5
 
         call = functools.partial(_call, session, url, headers, line.id, timeout_s)
-        first = CHAT if endpoint == "chat" else EMBEDDINGS
-        reach = await call(attrs.evolve(first, stream=False))
+        fixtures = fixtures_for(line, endpoint, bodies)
+        reach = await call(attrs.evolve(fixtures[0], stream=False))
         if reach.status != 200 or reach.error:
             why = f"unreachable: {reach.error or reach.status}"
             skipped = Check(False, "not tried (unreachable)")
             reports.append(LineReport(line.id, Check(False, why), skipped, skipped))
             continue
         reachable = Check(True, f"{reach.total_ms:.0f} ms")
-        fixtures = [first]
-        capabilities = line.options.get("capabilities") or ()
-        if endpoint == "chat" and "tools" in capabilities:
-            fixtures.append(TOOL)
         failures, passed = [], []
         facts = {"dimensions": dimensions}
         for fixture in fixtures:

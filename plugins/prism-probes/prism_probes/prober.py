@@ -29,7 +29,7 @@ from prism_breaker import Breaker, breaker_of
 from prism_proxy import INTERNAL_HEADER, Binding, Generation, background
 
 from .client import call_gateway
-from .fixtures import CHAT, TOOL, Answer, Fixture
+from .fixtures import Answer, Fixture, fixtures_for
 from .settings import ProbeSettings
 
 __all__ = ["Prober", "Spend"]
@@ -101,8 +101,8 @@ class Prober:
         out = []
         for entry in breaker.health(with_text=False)["bindings"]:
             binding = self.generation.catalog.bindings.get(entry["binding"])
-            if binding is None:
-                continue
+            if binding is None or not self.fixtures(binding):
+                continue  # probe = "off"
             state, trial = entry["state"], entry.get("trial") or {}
             if state == "isolated":
                 out.append((binding, "isolated"))
@@ -153,10 +153,7 @@ class Prober:
         return False
 
     def fixtures(self, binding: Binding) -> list[Fixture]:
-        fixtures = [CHAT]
-        if "tools" in (binding.options.get("capabilities") or ()):
-            fixtures.append(TOOL)
-        return fixtures
+        return fixtures_for(binding, bodies=self.settings.bodies)
 
     async def probe(
         self,

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import attrs
 
-from prism_proxy import Config
+from prism_proxy import Config, Section
+
+from .fixtures import load_bodies
 
 __all__ = ["SECTION", "ProbeSettings"]
 
@@ -18,6 +23,7 @@ _KEYS = frozenset(
         "first_token_ms",
         "allowance_per_hour",
         "probe_opens_trial",
+        "fixtures",
     }
 )
 
@@ -31,6 +37,8 @@ class ProbeSettings:
     #: In the catalog's currency, priced from each line's own price.
     allowance_per_hour: float = 1.0
     probe_opens_trial: bool = True
+    #: Fixture requests replacing the shipped ones, by fixture name (``fixtures = FILE``).
+    bodies: dict[str, dict[str, Any]] = attrs.field(factory=dict, hash=False)
 
     @classmethod
     def from_config(cls, config: Config) -> ProbeSettings | None:
@@ -46,4 +54,18 @@ class ProbeSettings:
             first_token_ms=section.get_int("first_token_ms", 5_000, min=1, max=600_000),
             allowance_per_hour=section.get_float("allowance_per_hour", 1.0, min=0.0),
             probe_opens_trial=section.get_bool("probe_opens_trial", True),
+            bodies=_bodies(config, section),
         )
+
+
+def _bodies(config: Config, section: Section) -> dict[str, dict[str, Any]]:
+    raw = section.get_str("fixtures")
+    if raw is None:
+        return {}
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = config.base_dir / path
+    try:
+        return load_bodies(path)
+    except ValueError as exc:
+        raise section.error("fixtures", str(exc)) from None

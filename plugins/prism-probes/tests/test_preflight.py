@@ -188,3 +188,51 @@ async def test_operator_traffic_needs_the_admin_token_and_is_no_evidence(
             (entry,) = (await response.json())["bindings"]
     assert entry["state"] == "isolated" and entry["revision"] == 1
     assert entry["counts"] == {"transient": 1, "stale_ignored": 0}
+
+
+async def test_a_vision_line_gets_the_vision_fixture_with_an_image(prism_fake, tmp_path):
+    ini = write_config(tmp_path, prism_fake)
+    catalog = (tmp_path / "catalog.toml").read_text()
+    (tmp_path / "catalog.toml").write_text(
+        catalog.replace('capabilities = ["tools"]', 'capabilities = ["tools", "vision"]', 1)
+    )
+    status, out, err = await preflight(ini, "--binding", "fast/up-fast", "--json")
+    assert status == 0, out + err
+    (report,) = orjson.loads(out)
+    assert report["capable"]["detail"] == "chat, tool, vision"
+    image_call = prism_fake.requests("fast")[3].body
+    parts = image_call["messages"][0]["content"]
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_probe_takes_chat_embeddings_or_off():
+    import pytest
+
+    from prism_proxy import ConfigError, config_from_mapping, create_app
+
+    catalog = {
+        "providers": {"p": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+        "models": {"m": {"chain": [{"provider": "p", "model": "x", "probe": "sometimes"}]}},
+    }
+    config = config_from_mapping({"disable": ["metrics"]}, catalog_data=catalog)
+    with pytest.raises(ConfigError) as info:
+        create_app(config)
+    assert info.value.key == "models.m.chain[0].probe"
+
+
+async def test_fixtures_can_be_replaced_and_keep_their_checks(prism_fake, tmp_path):
+    ini = write_config(tmp_path, prism_fake)
+    fixtures = tmp_path / "fixtures.toml"
+    fixtures.write_text(
+        '[chat]\nmax_tokens = 20\nmessages = [ { role = "user", content = "Ping for ACME." } ]\n'
+    )
+    status, out, err = await preflight(
+        ini, "--binding", "slow/up-slow", "--fixtures", str(fixtures), "--json"
+    )
+    assert status == 0, out + err
+    sent = [r.body["messages"][0]["content"] for r in prism_fake.requests("slow")]
+    assert sent[:2] == ["Ping for ACME.", "Ping for ACME."]  # reachable and the chat fixture
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[smell]\nmessages = []\n")
+    status, _, err = await preflight(ini, "--binding", "slow/up-slow", "--fixtures", str(bad))
+    assert status == 2 and "[smell]: no such fixture" in err

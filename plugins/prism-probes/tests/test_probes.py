@@ -206,3 +206,48 @@ async def test_one_probe_per_interval_across_gateways_sharing_redis(
     probes = prism_fake.hits("x") - start
     # About four intervals: one probe each for the fleet (three gateways alone: ~13).
     assert 2 <= probes <= 6, probes
+
+
+async def test_one_probe_per_interval_across_three_serve_processes(
+    prism_fake, prism_redis, tmp_path
+):
+    from prism_proxy.testing import free_port, installed_plugins, serve_process
+
+    (tmp_path / "catalog.toml").write_text(
+        f'[providers.x]\nkind = "openai"\nbase_url = "{prism_fake.base_url("x")}"\n'
+        '[models.m]\nretries = 0\nchain = [ { provider = "x", model = "up-x" } ]\n'
+    )
+    disable = ", ".join(sorted(set(installed_plugins()) - {"openai", "breaker", "probes", "redis"}))
+    processes, urls = [], []
+    prism_fake.script("x", [Fault(status=500)] * 100)
+    try:
+        for i in range(3):
+            port = free_port()
+            ini = tmp_path / f"p{i}.ini"
+            ini.write_text(
+                f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\n"
+                f"log_level = WARNING\nshutdown_grace_s = 1\ndisable = {disable}\n"
+                "[prism:breaker]\npolicies = consecutive\nconsecutive_failures = 1\n"
+                "isolation_s = 600\nrefresh_s = 0.2\n"
+                "[prism:probes]\nenabled = true\ninterval_s = 0.5\nprobe_opens_trial = false\n"
+                f"[prism:redis]\nurl = {prism_redis.url}\nkey_prefix = {prism_redis.prefix}\n"
+                "sync_s = 0.1\n"
+            )
+            log = (tmp_path / f"p{i}.log").open("ab")
+            processes.append(await serve_process(ini, port, stderr=log))
+            urls.append(f"http://127.0.0.1:{port}")
+        assert await call(urls[0]) == 503
+
+        async def everyone_isolated() -> bool:
+            return all([(await x_entry(url))["state"] == "isolated" for url in urls])
+
+        await until(everyone_isolated)
+        start = prism_fake.hits("x")
+        await asyncio.sleep(2.2)
+        probes = prism_fake.hits("x") - start
+        assert 2 <= probes <= 6, probes  # three processes alone: about 13
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            await asyncio.wait_for(process.wait(), 15)
