@@ -162,7 +162,7 @@ async def test_the_allowance_stops_probing_until_the_hour_rolls(
         # One chat probe is estimated at (120 + 64) x 1000 / 1e6 = 0.184: one fits.
         probes={"allowance_per_hour": 0.2, "probe_opens_trial": "false"},
         sections={"billing": {"ledger_path": str(tmp_path / "ledger.sqlite")}},
-        load_plugins=["openai", "breaker", "probes", "billing"],
+        load_plugins=["openai", "breaker", "probes", "billing", "metrics"],
     )
     prism_fake.script("x", [Fault(status=500)] * 10)
     assert await call(gw.url) == 503
@@ -176,6 +176,15 @@ async def test_the_allowance_stops_probing_until_the_hour_rolls(
     assert prism_fake.hits("x") == hits == 2  # the customer's call and one probe
     status = (await health(gw.url))["probes"]
     assert status["probes"] == 1 and 0 < status["spent_this_hour"] <= 0.2
+    # The board and the metrics say so too.
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gw.url + "/prism/board.json") as r:
+            banners = (await r.json())["banners"]
+        async with session.get(gw.url + "/metrics") as r:
+            metrics = await r.text()
+    assert any(b["kind"] == "probes" and "allowance is spent" in b["text"] for b in banners)
+    assert 'prism_probes_total{provider="x",result="fail",upstream_model="up-x"} 1.0' in metrics
+    assert 'result="skipped"' in metrics
 
 
 async def test_one_probe_per_interval_across_gateways_sharing_redis(
