@@ -249,15 +249,7 @@ def _internal(call: Call, generation: Generation) -> bool:
     token = generation.self_link.token
     if not hmac.compare_digest(presented.encode(), token.encode()):
         raise PrismError(403, "invalid_internal_token", f"{INTERNAL_HEADER} is not this gateway's")
-    kind = call.request.headers.get(TRAFFIC_HEADER, "probe")
-    if kind not in OPERATOR_TRAFFIC:
-        raise PrismError(
-            400,
-            "invalid_traffic",
-            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
-            param=TRAFFIC_HEADER,
-        )
-    call.traffic = kind
+    call.traffic = _traffic_kind(call.request.headers.get(TRAFFIC_HEADER, "probe"))
     return True
 
 
@@ -265,13 +257,7 @@ def _traffic(call: Call) -> None:
     kind = call.request.headers.get(TRAFFIC_HEADER)
     if kind is None:
         return
-    if kind not in OPERATOR_TRAFFIC:
-        raise PrismError(
-            400,
-            "invalid_traffic",
-            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
-            param=TRAFFIC_HEADER,
-        )
+    kind = _traffic_kind(kind)
     if not is_admin(call.request, header=ADMIN_HEADER):
         raise PrismError(
             403,
@@ -280,6 +266,17 @@ def _traffic(call: Call) -> None:
             param=TRAFFIC_HEADER,
         )
     call.traffic = kind
+
+
+def _traffic_kind(kind: str) -> str:
+    if kind not in OPERATOR_TRAFFIC:
+        raise PrismError(
+            400,
+            "invalid_traffic",
+            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
+            param=TRAFFIC_HEADER,
+        )
+    return kind
 
 
 def _refused(call: Call, err: PrismError) -> Answer:

@@ -175,6 +175,8 @@ async def test_operator_traffic_needs_the_admin_token_and_is_no_evidence(
     assert (status, answer["error"]["code"]) == (403, "traffic_not_allowed")
     status, answer = await post({"x-prism-traffic": "free", "x-prism-admin-token": "probes-admin"})
     assert (status, answer["error"]["code"]) == (400, "invalid_traffic")
+    status, answer = await post({"x-prism-internal-token": "guess"})
+    assert (status, answer["error"]["code"]) == (403, "invalid_internal_token")
 
     # x fails once for a customer: isolated.  Preflight still reaches it, and its
     # failure or success changes nothing in the breaker.
