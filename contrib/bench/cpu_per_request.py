@@ -24,12 +24,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from profiles import FULL_PLUGINS, write_full_profile
 from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 UPSTREAM, BARE, PRISM, ROUTED, WORKERS, SHARED = 18977, 18979, 18978, 18976, 18975, 18974
 WITHOUT = 18973
+#: The full profile's targets take ports from here up (one per plugin left out, plus one).
+FULL_BASE = 18950
 
 
 def _stat(pid: int) -> list[str]:
@@ -60,9 +63,9 @@ def cpu_seconds(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def load(port: int, stream: bool, duration: int) -> int:
-    """Run wrk against ``port``; the number of requests it completed."""
-    env = {**os.environ, "BENCH_STREAM": "1" if stream else "0"}
+async def load(port: int, stream: bool, duration: int, key: str | None = None) -> tuple[int, int]:
+    """Run wrk against ``port``; the requests it completed, and how many were not 2xx."""
+    env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or ""}
     wrk = await asyncio.create_subprocess_exec(
         "wrk",
         "-t2",
@@ -75,8 +78,10 @@ async def load(port: int, stream: bool, duration: int) -> int:
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await wrk.communicate()
-    line = next(line for line in out.decode().splitlines() if "requests in" in line)
-    return int(line.split()[0])
+    lines = out.decode().splitlines()
+    line = next(line for line in lines if "requests in" in line)
+    failed = next((int(x.split()[-1]) for x in lines if "Non-2xx" in x), 0)
+    return int(line.split()[0]), failed
 
 
 def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
@@ -84,7 +89,12 @@ def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
 
 
 async def main(
-    duration: int, routing: bool, workers: int, redis_url: str, without: Sequence[str] = ()
+    duration: int,
+    routing: bool,
+    workers: int,
+    redis_url: str,
+    without: Sequence[str] = (),
+    profile: str = "default",
 ) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
@@ -104,16 +114,28 @@ async def main(
             ]
         )
         prism = start([BIN / "prism", "serve", "--config", config])
-        targets = [("bare proxy", bare, BARE), ("prism", prism, PRISM)]
+        targets: list[tuple[str, subprocess.Popen[bytes], int, str | None]] = [
+            ("bare proxy", bare, BARE, None),
+            ("prism", prism, PRISM, None),
+        ]
+        if profile == "full":
+            # Prism as operators run it, and once without each plugin: its marginal cost.
+            for i, left_out in enumerate((None, *FULL_PLUGINS)):
+                name = "full" if left_out is None else f"full -{left_out}"
+                port = FULL_BASE + i
+                ini, key = write_full_profile(
+                    Path(scratch) / name.replace(" ", ""), port, upstream_base, without=left_out
+                )
+                targets.append((name, start([BIN / "prism", "serve", "--config", ini]), port, key))
         if routing:
             routed = start([BIN / "prism", "serve", "--config", routed_config])
-            targets.append(("prism+route", routed, ROUTED))
+            targets.append(("prism+route", routed, ROUTED, None))
         for name in without:
             here = Path(scratch) / f"without-{name}"
             here.mkdir()
             ini = write_prism_config(here, WITHOUT, upstream_base, disable=(name,))
             targets.append(
-                (f"prism -{name}", start([BIN / "prism", "serve", "--config", ini]), WITHOUT)
+                (f"prism -{name}", start([BIN / "prism", "serve", "--config", ini]), WITHOUT, None)
             )
         if workers > 1:
             # The breaker refuses workers unless its state is shared: both targets
@@ -133,20 +155,32 @@ async def main(
                     "--workers",
                     str(count),
                 ]
-                targets.append((name, start(argv), port))
+                targets.append((name, start(argv), port, None))
         try:
-            await asyncio.sleep(3)
+            await asyncio.sleep(3 + len(targets) / 2)
+            cpu: dict[tuple[str, bool], float] = {}
             for stream in (False, True):
-                for name, process, port in targets:
+                for name, process, port, key in targets:
                     before = cpu_seconds(process.pid)
-                    served = await load(port, stream, duration)
+                    served, failed = await load(port, stream, duration, key)
                     spent = cpu_seconds(process.pid) - before
                     kind = "stream    " if stream else "non-stream"
-                    each = spent / served * 1e6
+                    each = cpu[name, stream] = spent / max(served, 1) * 1e6
                     rate = served / duration
+                    errors = f"  ({failed} NOT 2xx)" if failed else ""
                     print(
-                        f"{kind} {name:11} {served:6d} requests {rate:7.0f}/s "
-                        f"{each:5.0f} us CPU each"
+                        f"{kind} {name:16} {served:6d} requests {rate:7.0f}/s "
+                        f"{each:5.0f} us CPU each{errors}"
+                    )
+            if profile == "full":
+                print("\nmarginal CPU per request (full minus full without the plugin):")
+                for plugin in FULL_PLUGINS:
+                    costs = [
+                        cpu["full", stream] - cpu[f"full -{plugin}", stream]
+                        for stream in (False, True)
+                    ]
+                    print(
+                        f"  {plugin:16} non-stream {costs[0]:+5.0f} us   stream {costs[1]:+5.0f} us"
                     )
         finally:
             for process in (upstream, *(target[1] for target in targets)):
@@ -173,8 +207,16 @@ def cli(argv: Sequence[str] | None = None) -> None:
         "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
     )
     add_without(parser)
+    parser.add_argument(
+        "--profile",
+        choices=("default", "full"),
+        default="default",
+        help="full: also Prism with every bundled plugin on, and without each in turn",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(main(args.duration, args.routing, args.workers, args.redis, args.without[:1]))
+    asyncio.run(
+        main(args.duration, args.routing, args.workers, args.redis, args.without[:1], args.profile)
+    )
 
 
 if __name__ == "__main__":

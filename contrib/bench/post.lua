@@ -3,6 +3,7 @@
 -- Environment:
 --   BENCH_STREAM=1   send "stream": true (latency is then the whole SSE stream)
 --   BENCH_MODEL      model name (default "bench")
+--   BENCH_KEY        an API key, sent as "Authorization: Bearer <key>" (the full profile)
 --
 -- done() prints one machine-readable line, "BENCH_JSON {...}", that run.py parses.
 -- Latencies are in microseconds. errors.status counts HTTP responses >= 400
@@ -13,6 +14,10 @@ local model = os.getenv("BENCH_MODEL") or "bench"
 
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+local key = os.getenv("BENCH_KEY")
+if key and key ~= "" then
+    wrk.headers["Authorization"] = "Bearer " .. key
+end
 wrk.body = '{"model":"' .. model .. '",'
     .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'
     .. (stream and ',"stream":true' or '')

@@ -184,6 +184,13 @@ def free_port() -> int:
         return port
 
 
+def installed_plugin_names() -> list[str]:
+    """The prism_proxy entry points installed here (what a configuration may disable)."""
+    import importlib.metadata
+
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group="prism_proxy")})
+
+
 def venv_script(name: str) -> Path | None:
     """A console script next to this interpreter (not resolved: venvs symlink python)."""
     candidate = Path(sys.executable).parent / name
