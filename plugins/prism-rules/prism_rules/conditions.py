@@ -179,9 +179,34 @@ def _all(tests: Sequence[ValueTest]) -> ValueTest:
 class FieldTest:
     field: str
     test: ValueTest = attrs.field(repr=False)
+    #: For a plain ``$eq``/``$in`` test: the values it can hold for (what a rule index keys on).
+    equals: tuple[Primitive, ...] | None = None
 
     def matches(self, ctx: Context) -> bool:
         return self.test(ctx.value(self.field))
+
+
+def guard(condition: Condition) -> FieldTest | None:
+    """A field test the condition cannot hold without: a plain ``$eq``/``$in`` on a field,
+    alone or in an ``$and`` (directly or at the top of the ``when``).  None: no such test."""
+    if isinstance(condition, FieldTest):
+        return condition if condition.equals is not None else None
+    if isinstance(condition, AllOf):
+        for part in condition.parts:
+            found = guard(part)
+            if found is not None:
+                return found
+    return None
+
+
+def equality_key(value: Primitive) -> tuple[str, Primitive]:
+    """Values equal under the conditions' typed equality share a key (1 and 1.0 do;
+    true and 1 do not)."""
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int | float):
+        return ("n", float(value))
+    return ("s" if isinstance(value, str) else "z", value)
 
 
 @attrs.frozen
@@ -233,7 +258,9 @@ def compile_when(doc: Any, path: str = "when") -> Condition:
             )
         else:
             kind = _field_kind(key, where)
-            parts.append(FieldTest(key, _compile_field(kind, value, where)))
+            parts.append(
+                FieldTest(key, _compile_field(kind, value, where), _equals(kind, value, where))
+            )
     # An empty table holds always: a catch-all rule.
     return parts[0] if len(parts) == 1 else AllOf(tuple(parts))
 
@@ -246,6 +273,20 @@ def _field_kind(field: str, where: str) -> str:
     if field.startswith(METADATA_PREFIX) and len(field) > len(METADATA_PREFIX):
         return "metadata"
     raise ConditionError(where, f"unknown field {field!r} (known: {KNOWN_FIELDS})")
+
+
+def _equals(kind: str, spec: Any, where: str) -> tuple[Primitive, ...] | None:
+    """The values a plain ``$eq``/``$in`` (or bare value) test holds for; None otherwise."""
+    if not isinstance(spec, Mapping):
+        return (_operand(kind, spec, where),)
+    if len(spec) != 1:
+        return None
+    ((op, operand),) = spec.items()
+    if op == "$eq":
+        return (_operand(kind, operand, f"{where}.$eq"),)
+    if op == "$in" and isinstance(operand, list) and operand:
+        return tuple(_operand(kind, item, f"{where}.$in[{i}]") for i, item in enumerate(operand))
+    return None
 
 
 def _compile_field(kind: str, spec: Any, where: str) -> ValueTest:

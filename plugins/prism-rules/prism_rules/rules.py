@@ -22,9 +22,17 @@ import attrs
 
 from prism_proxy import Binding, Call, Catalog, ConfigError, ModelSpec, Route
 
-from .conditions import Condition, ConditionError, Context, compile_when
+from .conditions import (
+    MISSING,
+    Condition,
+    ConditionError,
+    Context,
+    compile_when,
+    equality_key,
+    guard,
+)
 
-__all__ = ["CATALOG_KEY", "Rule", "RuleBook", "compile_catalog", "compile_rules"]
+__all__ = ["CATALOG_KEY", "Rule", "RuleBook", "RuleIndex", "compile_catalog", "compile_rules"]
 
 CATALOG_KEY = "rules"
 _RULE_KEYS = frozenset({"name", "when", "chain", "description"})
@@ -41,10 +49,62 @@ class Rule:
 
 
 @attrs.frozen
+class RuleIndex:
+    """One model's rules, indexed at load time by the equality each cannot match without.
+
+    A rule whose ``when`` needs ``field = value`` (or ``$in``, alone or in an
+    ``$and``) is only evaluated for calls that carry one of its values there;
+    the rest are evaluated always.  Either way rules are tried in catalog order
+    and the first that holds wins, so the index changes the cost, never the
+    choice: 200 rules on tenant metadata cost a dictionary lookup, not 200 tests.
+    """
+
+    rules: tuple[Rule, ...]
+    always: frozenset[int]
+    #: field -> equality key -> positions of the rules guarded by it.
+    by_field: Mapping[str, Mapping[tuple[str, Any], tuple[int, ...]]]
+
+    @classmethod
+    def of(cls, rules: tuple[Rule, ...]) -> RuleIndex:
+        always: set[int] = set()
+        by_field: dict[str, dict[tuple[str, Any], list[int]]] = {}
+        for position, rule in enumerate(rules):
+            test = guard(rule.when)
+            if test is None or test.equals is None:
+                always.add(position)
+                continue
+            keys = by_field.setdefault(test.field, {})
+            for value in test.equals:
+                keys.setdefault(equality_key(value), []).append(position)
+        frozen = {f: {k: tuple(v) for k, v in keys.items()} for f, keys in by_field.items()}
+        return cls(rules, frozenset(always), frozen)
+
+    def first_match(self, ctx: Context) -> Rule | None:
+        candidates = set(self.always)
+        for field, keys in self.by_field.items():
+            value = ctx.value(field)
+            if value is MISSING:
+                continue
+            values = value if isinstance(value, frozenset) else (value,)
+            for item in values:
+                candidates.update(keys.get(equality_key(item), ()))
+        for position in sorted(candidates):
+            rule = self.rules[position]
+            if rule.when.matches(ctx):
+                return rule
+        return None
+
+
+@attrs.frozen
 class RuleBook:
     """Every model's rules, in catalog order."""
 
     by_model: Mapping[str, tuple[Rule, ...]]
+    indexes: Mapping[str, RuleIndex] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        indexes = {model: RuleIndex.of(rules) for model, rules in self.by_model.items()}
+        object.__setattr__(self, "indexes", indexes)
 
     def own_lines(self, catalog: Catalog) -> list[tuple[str, Binding]]:
         """The rule lines that are not catalog chain lines, with their catalog addresses."""
@@ -58,8 +118,8 @@ class RuleBook:
         ]
 
     def route(self, call: Call, model: ModelSpec) -> Route | None:
-        rules = self.by_model.get(model.name) if not model.pinned else None
-        if not rules:
+        index = self.indexes.get(model.name) if not model.pinned else None
+        if index is None:
             return None
         principal = call.principal
         ctx = Context(
@@ -69,10 +129,10 @@ class RuleBook:
             model=call.model_name,
             metadata=call.metadata,
         )
-        for rule in rules:
-            if rule.when.matches(ctx):
-                return Route(bindings=rule.chain, name=rule.name, cross_tier=False)
-        return None
+        rule = index.first_match(ctx)
+        if rule is None:
+            return None
+        return Route(bindings=rule.chain, name=rule.name, cross_tier=False)
 
 
 def compile_catalog(catalog: Catalog, binding_keys: frozenset[str] | None = None) -> RuleBook:
