@@ -2,10 +2,11 @@
 
 pluggy's general machinery (argument checks, wrappers, result lists) costs
 more than a typical implementation.  A hook nobody implements is None, so
-the hot path skips it; a hook with exactly one plain implementation calls
-that implementation itself, with the same results and exceptions; anything
-else goes through pluggy.  ``PRISM_TRACE_HOOKS=1`` sends every call through
-pluggy with its call monitoring on, and logs each call (``prism.hooks``).
+the hot path skips it; a hook whose implementations are all plain (no
+wrapper) calls them itself, in pluggy's order, with the same results and
+exceptions; a hook with a wrapper goes through pluggy.  ``PRISM_TRACE_HOOKS=1``
+sends every call through pluggy with its call monitoring on, and logs each call
+(``prism.hooks``).
 """
 
 from __future__ import annotations
@@ -86,26 +87,45 @@ class Hooks:
 
 
 def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
-    """How the hot path calls a hook: None when nobody implements it; the one
-    implementation itself when there is exactly one and it wraps nothing;
-    else pluggy's caller.  pluggy's call tracing does not see direct calls.
+    """How the hot path calls a hook: None when nobody implements it; else the plain
+    implementations themselves, in pluggy's order (tryfirst first, then the latest
+    registered, trylast last), with pluggy's results (first non-None for a
+    firstresult hook, else the list of non-None answers) and exceptions.  A hook
+    with a wrapper goes through pluggy's caller.  pluggy's call tracing does not
+    see direct calls.
     """
     impls = caller.get_hookimpls()
     if not impls:
         return None
-    if len(impls) > 1 or impls[0].hookwrapper or impls[0].wrapper:
+    if any(impl.hookwrapper or impl.wrapper for impl in impls):
         return caller
-    function, names = impls[0].function, tuple(impls[0].argnames)
+    # pluggy calls the list it keeps from its end: that is the order to keep.
+    ordered = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
     if caller.spec is not None and caller.spec.opts.get("firstresult"):
+        if len(ordered) == 1:
+            ((function, names),) = ordered
+
+            def first_of_one(**kwargs: Any) -> Any:
+                return function(*[kwargs[name] for name in names])
+
+            return first_of_one
 
         def first(**kwargs: Any) -> Any:
-            return function(*[kwargs[name] for name in names])
+            for function, names in ordered:
+                result = function(*[kwargs[name] for name in names])
+                if result is not None:
+                    return result
+            return None
 
         return first
 
     def collected(**kwargs: Any) -> list[Any]:
-        result = function(*[kwargs[name] for name in names])
-        return [] if result is None else [result]
+        results = []
+        for function, names in ordered:
+            result = function(*[kwargs[name] for name in names])
+            if result is not None:
+                results.append(result)
+        return results
 
     return collected
 

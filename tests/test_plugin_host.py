@@ -118,3 +118,65 @@ def test_hot_path_hooks_behave_as_pluggy_would_whether_called_directly_or_not():
     pm.register(Wrapper())
     assert direct_caller(pm.hook.pick) is pm.hook.pick  # a wrapper needs pluggy
     assert pm.hook.pick(call=1, model=2) == "PICKED 1"
+
+
+def test_several_plain_implementations_are_called_in_pluggys_order():
+    import pluggy
+
+    from prism_proxy.hotpath import direct_caller
+
+    spec = pluggy.HookspecMarker("demo")
+    impl = pluggy.HookimplMarker("demo")
+    calls: list[str] = []
+
+    class Specs:
+        @spec(firstresult=True)
+        def pick(self, call): ...
+
+        @spec
+        def seen(self, attempt): ...
+
+    def plugin(name: str, answer: object, **opts: bool) -> object:
+        class Plugin:
+            @impl(**opts)
+            def pick(self, call):
+                calls.append(name)
+                return answer
+
+            @impl(**opts)
+            def seen(self, attempt):
+                calls.append(name)
+                return answer
+
+        return Plugin()
+
+    pm = pluggy.PluginManager("demo")
+    pm.add_hookspecs(Specs)
+    for p in (
+        plugin("last", "from last", trylast=True),
+        plugin("early", None),
+        plugin("late", "from late"),
+        plugin("first", None, tryfirst=True),
+    ):
+        pm.register(p)
+    pick, seen = direct_caller(pm.hook.pick), direct_caller(pm.hook.seen)
+    for call in (pick, pm.hook.pick):
+        calls.clear()
+        assert call(call=1) == "from late"
+        assert calls == ["first", "late"]  # the first answer stops a firstresult hook
+    expected = pm.hook.seen(attempt=1)
+    order = list(calls)
+    calls.clear()
+    assert seen(attempt=1) == expected == ["from late", "from last"]
+    assert calls == order[-4:] == ["first", "late", "early", "last"]
+
+    class Boom:
+        @impl
+        def seen(self, attempt):
+            raise RuntimeError("boom")
+
+    pm.register(Boom())
+    import pytest
+
+    with pytest.raises(RuntimeError, match="boom"):
+        direct_caller(pm.hook.seen)(attempt=1)
