@@ -17,6 +17,7 @@ from .store import (
     StoredTransition,
     StoreProvider,
 )
+from .trackers import percentile
 
 __all__ = [
     "HEADER",
@@ -42,4 +43,5 @@ __all__ = [
     "StoredTransition",
     "Transition",
     "breaker_of",
+    "percentile",
 ]

@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
+from prism_breaker import percentile
 
 from prism_proxy import Catalog
 
-__all__ = ["BUCKET_S", "CapacityRule", "Judgement", "Peaks", "minutes_in", "percentile"]
+__all__ = ["BUCKET_S", "CapacityRule", "Judgement", "Peaks", "minutes_in"]
 
 log = logging.getLogger("prism.metrics")
 
@@ -88,11 +89,6 @@ class Peaks:
 
 def minutes_in(window_s: float) -> int:
     return max(1, math.ceil(window_s / BUCKET_S))
-
-
-def percentile(values: list[int], q: float) -> int:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else 0
 
 
 @attrs.frozen
@@ -175,12 +171,13 @@ class CapacityRule:
             if limit is None:
                 continue
             values = self.peaks.distribution(binding.id, self.window_s)
+            ordered: list[float] = sorted(values)
             lines[binding.id] = {
                 "max_concurrency": limit,
                 "minutes": len(values),
-                "p50": percentile(values, 0.50),
-                "p95": percentile(values, 0.95),
-                "p99": percentile(values, 0.99),
+                "p50": percentile(ordered, 0.50),
+                "p95": percentile(ordered, 0.95),
+                "p99": percentile(ordered, 0.99),
                 "max": max(values),
             }
         tiers: list[dict[str, Any]] = []
