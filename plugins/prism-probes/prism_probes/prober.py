@@ -82,6 +82,11 @@ class Prober:
         self.spend = spend
         self.paused_until: str | None = None
         self.probes = 0
+        #: Each line's fixtures: fixed by the catalog and the settings, so made once.
+        self._fixtures = {
+            line.id: fixtures_for(line, bodies=settings.bodies)
+            for line in generation.catalog.bindings.values()
+        }
 
     async def serving(self) -> AsyncIterator[None]:
         async with background(self._loop, "prism-probes"):
@@ -153,7 +158,7 @@ class Prober:
         return False
 
     def fixtures(self, binding: Binding) -> list[Fixture]:
-        return fixtures_for(binding, bodies=self.settings.bodies)
+        return self._fixtures.get(binding.id, [])
 
     async def probe(
         self,
