@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,9 @@ class Exporter(Telemetry):
         #: Event counter values already added to ``prism_events_total``.
         self._events: dict[str, int] = {}
         self._unknown: set[str] = set()
+
+    async def lifecycle(self) -> AsyncIterator[None]:
+        yield  # nothing to open or close: the values live in memory (or the shared files)
 
     def labels_of(self, name: str) -> tuple[str, ...]:
         family = next(f for f in FAMILIES if f.name == name)

@@ -36,26 +36,17 @@ SYNC_S = 1.0
 @hookimpl(tryfirst=True)
 def prism_generation(generation: Generation) -> None:
     settings = MetricsSettings.from_config(generation.config)
+    # Kept across generations: its counters must never go back to zero.
     exporter = generation.keep(
-        ("metrics", settings.org_label), lambda: KeptExporter(settings.org_label)
+        ("metrics", settings.org_label), lambda: Exporter(org_label=settings.org_label)
     )
-    generation.telemetry = exporter.exporter
+    generation.telemetry = exporter
     peaks = generation.keep(("metrics.peaks",), lambda: Peaks(generation.clock))
     rule = CapacityRule(generation.catalog, peaks, settings.capacity_window_s, settings.capacity_k)
-    hooks = MetricsHooks(exporter.exporter, generation, rule)
+    hooks = MetricsHooks(exporter, generation, rule)
     generation.register(hooks, HOOKS_NAME)
     generation.register(rule, CAPACITY_NAME)
     generation.cleanup_ctx.append(lambda: _sync(hooks, shared_link(generation)))
-
-
-class KeptExporter:
-    """The exporter, kept across generations (its counters must never go back to zero)."""
-
-    def __init__(self, org_label: bool) -> None:
-        self.exporter = Exporter(org_label=org_label)
-
-    async def lifecycle(self) -> AsyncIterator[None]:
-        yield
 
 
 async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
