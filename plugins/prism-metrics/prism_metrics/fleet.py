@@ -19,13 +19,8 @@ __all__ = ["exchange_peaks", "shared_link"]
 
 
 def shared_link(generation: Generation) -> Any:
-    """prism-redis's link to Redis for ``generation``, or None (not installed or not configured)."""
-    try:
-        from prism_redis import link_of
-    except ImportError:
-        return None
-    link = link_of(generation)
-    return None if link is None else link.shared
+    """prism-redis's link to Redis (registered as ``redis.link``), or None without it."""
+    return getattr(generation.plugin("redis.link"), "shared", None)
 
 
 async def exchange_peaks(shared: Any, rule: CapacityRule) -> None:

@@ -244,9 +244,5 @@ class Prober:
 
 
 def _shared(generation: Generation) -> Any:
-    try:
-        from prism_redis import link_of
-    except ImportError:
-        return None
-    link = link_of(generation)
-    return None if link is None else link.shared
+    """prism-redis's link to Redis (registered as ``redis.link``), or None without it."""
+    return getattr(generation.plugin("redis.link"), "shared", None)
