@@ -102,9 +102,11 @@ class Binding:
     model: str
     options: Mapping[str, Any] = attrs.field(factory=dict)
     region: str | None = None
+    #: ``provider/model``: made once, it keys the breaker's, metrics' and billing's state.
+    id: str = attrs.field(init=False)
 
-    @property
-    def id(self) -> str:
+    @id.default
+    def _id(self) -> str:
         return f"{self.provider}/{self.model}"
 
 

@@ -2,17 +2,17 @@
 
 pluggy's general machinery (argument checks, wrappers, result lists) costs
 more than a typical implementation.  A hook nobody implements is None, so
-the hot path skips it; a hook whose implementations are all plain (no
-wrapper) calls them itself, in pluggy's order, with the same results and
-exceptions; a hook with a wrapper goes through pluggy.  ``PRISM_TRACE_HOOKS=1``
-sends every call through pluggy with its call monitoring on, and logs each call
-(``prism.hooks``).
+the hot path skips it; any other hook calls its implementations itself, in
+pluggy's order, with the same results, exceptions and ``wrapper=True``
+protocol, except a hook with an old-style ``hookwrapper``, which goes through
+pluggy.  ``PRISM_TRACE_HOOKS=1`` sends every call through pluggy with its call
+monitoring on, and logs each call (``prism.hooks``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -87,21 +87,26 @@ class Hooks:
 
 
 def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
-    """How the hot path calls a hook: None when nobody implements it; else the plain
-    implementations themselves, in pluggy's order (tryfirst first, then the latest
-    registered, trylast last), with pluggy's results (first non-None for a
-    firstresult hook, else the list of non-None answers) and exceptions.  A hook
-    with a wrapper goes through pluggy's caller.  pluggy's call tracing does not
-    see direct calls.
+    """How the hot path calls a hook: None when nobody implements it; else the
+    implementations themselves, in pluggy's order (wrappers outermost; tryfirst
+    first, then the latest registered, trylast last), with pluggy's results
+    (first non-None for a firstresult hook, else the list of non-None answers),
+    its exceptions and its ``wrapper=True`` protocol.  A hook with an old-style
+    ``hookwrapper`` (or keyword-only hook arguments) goes through pluggy's caller.
+    pluggy's call tracing does not see direct calls.
     """
     impls = caller.get_hookimpls()
     if not impls:
         return None
-    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+    if any(impl.hookwrapper or impl.kwargnames for impl in impls):
         return caller
+    firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
     # pluggy calls the list it keeps from its end: that is the order to keep.
     ordered = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
-    if caller.spec is not None and caller.spec.opts.get("firstresult"):
+    if any(impl.wrapper for impl in impls):
+        wrapped = [(f, names, impl.wrapper) for (f, names), impl in zip(ordered, reversed(impls))]
+        return _wrapped(wrapped, firstresult)
+    if firstresult:
         if len(ordered) == 1:
             ((function, names),) = ordered
 
@@ -128,6 +133,52 @@ def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
         return results
 
     return collected
+
+
+def _wrapped(
+    ordered: Sequence[tuple[Callable[..., Any], tuple[str, ...], bool]], firstresult: bool
+) -> Callable[..., Any]:
+    """pluggy's multicall for plain implementations and ``wrapper=True`` generators."""
+
+    def call(**kwargs: Any) -> Any:
+        results: list[Any] = []
+        teardowns: list[Generator[None, Any, Any]] = []
+        exception: BaseException | None = None
+        try:
+            for function, names, wrapper in ordered:
+                outcome = function(*[kwargs[name] for name in names])
+                if wrapper:
+                    try:
+                        next(outcome)
+                    except StopIteration:
+                        raise RuntimeError(f"wrapper {function.__qualname__} did not yield")
+                    teardowns.append(outcome)
+                elif outcome is not None:
+                    results.append(outcome)
+                    if firstresult:
+                        break
+        except BaseException as exc:
+            exception = exc
+        result: Any = (results[0] if results else None) if firstresult else results
+        for teardown in reversed(teardowns):
+            try:
+                if exception is not None:
+                    teardown.throw(exception)
+                else:
+                    teardown.send(result)
+                teardown.close()
+            except StopIteration as stop:
+                result, exception = stop.value, None
+                continue
+            except BaseException as exc:
+                exception = exc
+                continue
+            exception = RuntimeError(f"wrapper {teardown.__qualname__} has a second yield")
+        if exception is not None:
+            raise exception
+        return result
+
+    return call
 
 
 def _traced(caller: pluggy.HookCaller) -> Callable[..., Any] | None:

@@ -116,8 +116,104 @@ def test_hot_path_hooks_behave_as_pluggy_would_whether_called_directly_or_not():
     assert seen(call=1, attempt="loud") == pm.hook.seen(call=1, attempt="loud") == ["loud"]
     assert seen(call=1, attempt="quiet") == pm.hook.seen(call=1, attempt="quiet") == []
     pm.register(Wrapper())
-    assert direct_caller(pm.hook.pick) is pm.hook.pick  # a wrapper needs pluggy
-    assert pm.hook.pick(call=1, model=2) == "PICKED 1"
+    pick = direct_caller(pm.hook.pick)
+    assert pick is not pm.hook.pick  # a wrapper=True generator is run directly too
+    assert pick(call=1, model=2) == pm.hook.pick(call=1, model=2) == "PICKED 1"
+
+    class OldStyle:
+        @impl(hookwrapper=True)
+        def seen(self, call, attempt):
+            yield
+
+    pm.register(OldStyle())
+    assert direct_caller(pm.hook.seen) is pm.hook.seen  # an old-style hookwrapper needs pluggy
+
+
+def test_wrappers_called_directly_see_results_and_exceptions_as_under_pluggy():
+    import pluggy
+    import pytest
+
+    from prism_proxy.hotpath import direct_caller
+
+    spec = pluggy.HookspecMarker("demo")
+    impl = pluggy.HookimplMarker("demo")
+    log: list[str] = []
+
+    class Specs:
+        @spec(firstresult=True)
+        def pick(self, call): ...
+
+        @spec
+        def seen(self, attempt): ...
+
+    class Plain:
+        @impl
+        def pick(self, call):
+            log.append("plain")
+            if call == "boom":
+                raise ValueError("boom")
+            return call
+
+        @impl
+        def seen(self, attempt):
+            log.append("plain")
+            return attempt
+
+    class Outer:
+        @impl(wrapper=True, tryfirst=True)
+        def pick(self, call):
+            log.append("outer in")
+            try:
+                result = yield
+            except ValueError:
+                log.append("outer caught")
+                return "rescued"
+            log.append("outer out")
+            return f"<{result}>"
+
+        @impl(wrapper=True)
+        def seen(self, attempt):
+            results = yield
+            return [*results, "outer"]
+
+    class Inner:
+        @impl(wrapper=True)
+        def pick(self, call):
+            log.append("inner in")
+            result = yield
+            log.append("inner out")
+            if call == "inner-raises":
+                raise KeyError("inner")
+            return result * 2
+
+    pm = pluggy.PluginManager("demo")
+    pm.add_hookspecs(Specs)
+    for plugin in (Plain(), Outer(), Inner()):
+        pm.register(plugin)
+    pick, seen = direct_caller(pm.hook.pick), direct_caller(pm.hook.seen)
+    assert pick is not pm.hook.pick and seen is not pm.hook.seen
+    for call in ("x", "boom"):
+        answers = []
+        for caller in (pick, pm.hook.pick):
+            log.clear()
+            answers.append((caller(call=call), list(log)))
+        assert answers[0] == answers[1]
+    assert answers[0] == ("rescued", ["outer in", "inner in", "plain", "outer caught"])
+    assert pick(call="x") == "<xx>"
+    assert seen(attempt=3) == pm.hook.seen(attempt=3) == [3, "outer"]
+    for caller in (pick, pm.hook.pick):
+        with pytest.raises(KeyError, match="inner"):
+            caller(call="inner-raises")  # Outer catches ValueError only: KeyError goes on
+
+    class NoYield:
+        @impl(wrapper=True)
+        def seen(self, attempt):
+            return
+            yield
+
+    pm.register(NoYield())
+    with pytest.raises(RuntimeError, match="did not yield"):
+        direct_caller(pm.hook.seen)(attempt=1)
 
 
 def test_several_plain_implementations_are_called_in_pluggys_order():

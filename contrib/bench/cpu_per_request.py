@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from proc import cpu_seconds
 from profiles import FULL_PLUGINS, write_full_profile
 from run import add_without, write_prism_config
 
@@ -33,34 +34,6 @@ UPSTREAM, BARE, PRISM, ROUTED, WORKERS, SHARED = 18977, 18979, 18978, 18976, 189
 WITHOUT = 18973
 #: The full profile's targets take ports from here up (one per plugin left out, plus one).
 FULL_BASE = 18950
-
-
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of ``pid`` and of its living descendants (a supervisor's workers)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
-            except (OSError, IndexError):
-                continue  # gone meanwhile
-    tree, grown = {pid}, True
-    while grown:
-        more = {child for child, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grown = bool(more)
-    ticks = 0
-    for member in tree:
-        try:
-            fields = _stat(member)
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def load(port: int, stream: bool, duration: int, key: str | None = None) -> tuple[int, int]:

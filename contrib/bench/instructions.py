@@ -10,6 +10,7 @@ again.  Counts are user-space instructions only: system calls are not in them.
 Needs valgrind (Debian: ``apt-get install valgrind``).
 
     python contrib/bench/instructions.py [--requests 400] [--concurrency 4] [--scenario ok]
+    python contrib/bench/instructions.py --profile full [--without billing ...]
 
 ``--scenario slow`` has the fake pause between tokens, so a stream arrives
 one event per read, as from a real model.
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+from profiles import write_full_profile
 from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
@@ -37,10 +39,15 @@ UPSTREAM, PROXY = 18987, 18988
 BODY = b'{"model":"bench","messages":[{"role":"user","content":"Say hello in ten words."}]'
 
 
-async def drive(count: int, concurrency: int, stream: bool, ready_path: str) -> None:
+async def drive(
+    count: int, concurrency: int, stream: bool, ready_path: str, key: str | None = None
+) -> None:
     """Send ``count`` chat requests to the proxy, reading every answer to its end."""
     url = f"http://127.0.0.1:{PROXY}"
     body = BODY + (b',"stream":true}' if stream else b"}")
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     async with aiohttp.ClientSession() as session:
         for _ in range(600):  # valgrind starts Python slowly
             try:
@@ -59,7 +66,7 @@ async def drive(count: int, concurrency: int, stream: bool, ready_path: str) -> 
                 async with session.post(
                     url + "/v1/chat/completions",
                     data=body,
-                    headers={"Content-Type": "application/json"},
+                    headers=headers,
                 ) as response:
                     await response.read()
                     if response.status != 200:
@@ -78,8 +85,10 @@ def total_instructions(out_file: Path) -> int:
     return int(match.group(1).replace(",", ""))
 
 
-def count(argv: list[str], ready_path: str, stream: bool, args: argparse.Namespace) -> float:
-    """Instructions per request of the proxy started by ``argv``."""
+def count(
+    argv: list[str], ready_path: str, stream: bool, args: argparse.Namespace, key: str | None
+) -> float:
+    """Instructions per request of the proxy started by ``argv`` (sent ``key``, if any)."""
     with tempfile.TemporaryDirectory() as scratch:
         out_file = Path(scratch) / "callgrind.out"
         proxy = subprocess.Popen(
@@ -94,10 +103,10 @@ def count(argv: list[str], ready_path: str, stream: bool, args: argparse.Namespa
             stderr=subprocess.DEVNULL,
         )
         try:
-            asyncio.run(drive(args.warmup, args.concurrency, stream, ready_path))
+            asyncio.run(drive(args.warmup, args.concurrency, stream, ready_path, key))
             toggle = ["callgrind_control", "--instr"]
             subprocess.run([*toggle, "on", str(proxy.pid)], capture_output=True, check=True)
-            asyncio.run(drive(args.requests, args.concurrency, stream, ready_path))
+            asyncio.run(drive(args.requests, args.concurrency, stream, ready_path, key))
             subprocess.run([*toggle, "off", str(proxy.pid)], capture_output=True, check=True)
         finally:
             proxy.send_signal(signal.SIGINT)
@@ -110,7 +119,7 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/{args.scenario}/v1"
         config = write_prism_config(Path(scratch), PROXY, upstream_base)
-        proxies = {
+        proxies: dict[str, tuple[list[str], str, str | None]] = {
             "bare proxy": (
                 [
                     sys.executable,
@@ -121,10 +130,23 @@ def main(args: argparse.Namespace) -> None:
                     upstream_base,
                 ],
                 "/healthz",
+                None,
             ),
-            "prism": ([str(BIN / "prism"), "serve", "--config", str(config)], "/readyz"),
+            "prism": ([str(BIN / "prism"), "serve", "--config", str(config)], "/readyz", None),
         }
-        for name in args.without:
+        if args.profile == "full":
+            # Every bundled plugin on; with --without, that plugin is left out of it.
+            for left_out in (None, *args.without):
+                name = "full" if left_out is None else f"full -{left_out}"
+                ini, key = write_full_profile(
+                    Path(scratch) / name.replace(" ", ""), PROXY, upstream_base, without=left_out
+                )
+                proxies[name] = (
+                    [str(BIN / "prism"), "serve", "--config", str(ini)],
+                    "/readyz",
+                    key,
+                )
+        for name in args.without if args.profile != "full" else ():
             # The same Prism with one plugin disabled: what that plugin costs.
             here = Path(scratch) / f"without-{name}"
             here.mkdir()
@@ -132,6 +154,7 @@ def main(args: argparse.Namespace) -> None:
             proxies[f"prism -{name}"] = (
                 [str(BIN / "prism"), "serve", "--config", str(ini)],
                 "/readyz",
+                None,
             )
         if args.redis:
             # The same, its breaker state shared through prism-redis (background
@@ -142,6 +165,7 @@ def main(args: argparse.Namespace) -> None:
             proxies["prism+redis"] = (
                 [str(BIN / "prism"), "serve", "--config", str(shared)],
                 "/readyz",
+                None,
             )
         upstream = subprocess.Popen(
             [BIN / "prism-fake-upstream", "--port", str(UPSTREAM)],
@@ -152,11 +176,17 @@ def main(args: argparse.Namespace) -> None:
             for stream in (False, True):
                 kind = "stream    " if stream else "non-stream"
                 each = {}
-                for name, (argv, ready_path) in proxies.items():
-                    each[name] = count(argv, ready_path, stream, args)
-                    print(f"{kind} {name:11} {each[name]:11,.0f} instructions per request")
-                ratio = each["bare proxy"] / each["prism"]
-                print(f"{kind} bare proxy / prism {ratio:.2f}x (as 'vs bare' in run.py)")
+                for name, (argv, ready_path, key) in proxies.items():
+                    each[name] = count(argv, ready_path, stream, args, key)
+                    print(f"{kind} {name:16} {each[name]:11,.0f} instructions per request")
+                for name in proxies:
+                    if name.startswith("prism") or name == "full":
+                        ratio = each["bare proxy"] / each[name]
+                        print(f"{kind} bare proxy / {name} {ratio:.2f}x (as 'vs bare' in run.py)")
+                for name in proxies:
+                    if name.startswith("full -"):
+                        cost = each["full"] - each[name]
+                        print(f"{kind} marginal {name[6:]:16} {cost:+11,.0f} instructions")
         finally:
             upstream.kill()
 
@@ -171,6 +201,12 @@ def cli(argv: Sequence[str] | None = None) -> int:
         "--redis", metavar="URL", help="also count Prism sharing its state through this Redis"
     )
     add_without(parser)
+    parser.add_argument(
+        "--profile",
+        choices=("default", "full"),
+        default="default",
+        help="full: also Prism with every bundled plugin on (--without: and without that one)",
+    )
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:

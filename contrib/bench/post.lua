@@ -4,6 +4,12 @@
 --   BENCH_STREAM=1   send "stream": true (latency is then the whole SSE stream)
 --   BENCH_MODEL      model name (default "bench")
 --   BENCH_KEY        an API key, sent as "Authorization: Bearer <key>" (the full profile)
+--   BENCH_HEADERS    extra request headers, one "Name: value" per line (lines separated
+--                    by newlines, blank lines ignored), e.g. for a peer gateway
+--                    (contrib/bench/peers.py): "x-portkey-provider: openai\n...".
+--                    Applied after BENCH_KEY and Content-Type: a line naming one of
+--                    them (in any case) replaces it. A line without a colon is an
+--                    error (wrk reports it and prints no BENCH_JSON line).
 --
 -- done() prints one machine-readable line, "BENCH_JSON {...}", that run.py parses.
 -- Latencies are in microseconds. errors.status counts HTTP responses >= 400
@@ -17,6 +23,22 @@ wrk.headers["Content-Type"] = "application/json"
 local key = os.getenv("BENCH_KEY")
 if key and key ~= "" then
     wrk.headers["Authorization"] = "Bearer " .. key
+end
+local extra = os.getenv("BENCH_HEADERS")
+if extra and extra ~= "" then
+    for line in string.gmatch(extra, "[^\r\n]+") do
+        local name, value = string.match(line, "^%s*([^:]-)%s*:%s*(.-)%s*$")
+        if name and name ~= "" then
+            for existing in pairs(wrk.headers) do  -- header names are case-insensitive
+                if string.lower(existing) == string.lower(name) then
+                    wrk.headers[existing] = nil
+                end
+            end
+            wrk.headers[name] = value
+        elseif string.match(line, "%S") then
+            error("BENCH_HEADERS: not a 'Name: value' line: " .. line)
+        end
+    end
 end
 wrk.body = '{"model":"' .. model .. '",'
     .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'

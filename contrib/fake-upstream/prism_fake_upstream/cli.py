@@ -31,15 +31,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Fake OpenAI- and Anthropic-compatible provider; base URLs are "
         "http://HOST:PORT/s/{scenario}/v1 for OpenAI clients and "
         "http://HOST:PORT/s/{scenario} for Anthropic clients (scenarios: ok, errNNN, "
-        "stall, slowfirst, dieK, empty, slow, or any other name for a healthy one).",
+        "stall, slowfirst, dieK, empty, slow, trickle, or any other name for a healthy one).",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=18900)
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=128,
+        help="connections the kernel queues before they are accepted (128; "
+        "more for thousands of clients connecting at once)",
+    )
     args = parser.parse_args(argv)
     web.run_app(
         FakeUpstream().app,
         host=args.host,
         port=args.port,
+        backlog=args.backlog,
         # Per-request logging would dominate the cost of the cheap ok path.
         access_log=None,
         handler_cancellation=True,

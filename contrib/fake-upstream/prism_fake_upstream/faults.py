@@ -8,15 +8,19 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Fault", "fault_for_scenario_name", "fault_from_json"]
+__all__ = ["Fault", "fault_for_scenario_name", "fault_from_json", "trickle_fault", "trickle_text"]
 
 # Long enough that no sane client timeout outlasts it, short enough that a
 # forgotten standalone process still frees its sockets within the hour.
 LONG_DELAY_S = 3600.0
 SLOW_TOKEN_DELAY_S = 0.05
+# ``trickle``: a slow model's long answer, one token every 500 ms for 30 s.
+TRICKLE_TOKENS = 60
+TRICKLE_INTERVAL_MS = 500
 
 _ERR_NAME = re.compile(r"err([1-5][0-9][0-9])")
 _DIE_NAME = re.compile(r"die([0-9]+)")
+_TRICKLE_NAME = re.compile(r"trickle(?:([0-9]+)x([0-9]+))?")
 
 FaultBody = bytes | dict[str, Any] | None
 
@@ -125,7 +129,30 @@ def fault_for_scenario_name(name: str) -> Fault:
         return Fault(status=int(m.group(1)))
     if m := _DIE_NAME.fullmatch(name):
         return Fault(die_after_chunks=int(m.group(1)))
+    if m := _TRICKLE_NAME.fullmatch(name):
+        tokens, interval_ms = (
+            (int(m.group(1)), int(m.group(2)))
+            if m.group(1) is not None
+            else (TRICKLE_TOKENS, TRICKLE_INTERVAL_MS)
+        )
+        return trickle_fault(tokens, interval_ms / 1000)
     return Fault()
+
+
+def trickle_text(tokens: int) -> str:
+    """``tok1 tok2 … tokN``: an answer of exactly ``tokens`` word tokens."""
+    return " ".join(f"tok{i}" for i in range(1, tokens + 1))
+
+
+def trickle_fault(tokens: int, interval_s: float) -> Fault:
+    """``tokens`` tokens, the first ``interval_s`` after the headers, then one every ``interval_s``.
+
+    The last token (with the finish, and ``[DONE]`` / ``message_stop``) comes
+    ``tokens * interval_s`` after the headers.
+    """
+    return Fault(
+        first_token_delay_s=interval_s, token_delay_s=interval_s, text=trickle_text(tokens)
+    )
 
 
 def _is_number(value: object) -> bool:

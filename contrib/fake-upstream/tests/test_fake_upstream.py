@@ -338,6 +338,38 @@ def test_scenario_names() -> None:
     assert fault_for_scenario_name("slow").token_delay_s == 0.05
     assert fault_for_scenario_name("die3").die_after_chunks == 3
     assert fault_for_scenario_name("empty").empty_length
+    trickle = fault_for_scenario_name("trickle")
+    assert (trickle.first_token_delay_s, trickle.token_delay_s) == (0.5, 0.5)
+    assert trickle.text is not None and len(trickle.text.split()) == 60
+    assert fault_for_scenario_name("trickle3x20") == Fault(
+        first_token_delay_s=0.02, token_delay_s=0.02, text="tok1 tok2 tok3"
+    )
+
+
+async def test_trickle_sends_one_token_per_interval(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    start = time.monotonic()
+    arrivals: list[tuple[float, bytes]] = []
+    async with http.post(
+        fake.base_url("trickle4x100") + "/chat/completions", json={**CHAT, "stream": True}
+    ) as resp:
+        headers_at = time.monotonic() - start
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                arrivals.append((time.monotonic() - start, line[6:].strip()))
+    events = [payload for _, payload in arrivals]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert "".join(t for t in texts if t) == "tok1 tok2 tok3 tok4"
+    # The role chunk and tok1 come 100 ms after the headers, then 100 ms a token.
+    token_times = [at for at, e in arrivals if b"tok" in e]
+    assert len(token_times) == 4
+    for i, at in enumerate(token_times, 1):
+        assert at >= i * 0.1 - 0.01  # sent one by one, none early
+    assert headers_at < token_times[0] - 0.05  # the headers at once
+    assert token_times[-1] < 2.0
 
 
 # --- scripts ----------------------------------------------------------------

@@ -65,10 +65,8 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS ledger_by_day ON ledger (traffic, day);
 """
-_INSERT = (
-    f"INSERT OR IGNORE INTO ledger ({', '.join(COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in COLUMNS)})"
-)
+_VALUES = f"({', '.join('?' for _ in COLUMNS)})"
+_INSERT = f"INSERT OR IGNORE INTO ledger ({', '.join(COLUMNS)}) VALUES {_VALUES}"
 _BUSY_TIMEOUT_MS = 5000
 
 
@@ -116,11 +114,24 @@ def open_for_reading(path: Path) -> sqlite3.Connection:
 
 
 def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
-    """One transaction for the whole batch; returns how many rows were new."""
+    """One transaction for the whole batch; returns how many rows were new.
+
+    A batch that fits one statement is one multi-row INSERT in autocommit: a
+    statement is its own transaction, durable when it returns.  It is also one
+    trip into SQLite, so this thread gives the interpreter lock back once while
+    SQLite writes and syncs, and needs it back once: under load every time it
+    waits for the lock is a wait behind the event loop, up to a switch interval.
+    """
     before = conn.total_changes
+    per_statement = max(1, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS))
+    if len(rows) <= per_statement:
+        conn.execute(_insert(len(rows)), [value for row in rows for value in row])
+        return conn.total_changes - before
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.executemany(_INSERT, rows)
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            conn.execute(_insert(len(chunk)), [value for row in chunk for value in row])
         conn.execute("COMMIT")
     except BaseException:
         # A failed COMMIT (disk full) can leave the transaction open; the next
@@ -129,6 +140,10 @@ def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
             conn.execute("ROLLBACK")
         raise
     return conn.total_changes - before
+
+
+def _insert(rows: int) -> str:
+    return _INSERT + ", " * (rows > 1) + ", ".join([_VALUES] * (rows - 1))
 
 
 class GroupCommit(abc.ABC):

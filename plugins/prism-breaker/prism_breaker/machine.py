@@ -447,9 +447,15 @@ class Machine:
         ):
             reasons.append(f"error rate {b.errors.rate:.0%} on {b.errors.calls} calls")
         if "latency" in s.policies:
+            # Half-way as for failures: half the slow samples a trip needs, in one run.
+            # One slow answer among fast ones is jitter, not a reason to limit a line.
+            half = math.ceil(s.latency_min_slow / 2)
             for kind, track in b.latency.items():
-                if self._judged(kind) and track.slow_since is not None:
-                    reasons.append(f"{kind} latency slow for {track.slow_for(now):.0f} s")
+                if self._judged(kind) and track.slow_count >= half:
+                    reasons.append(
+                        f"{kind} latency slow for {track.slow_for(now):.0f} s "
+                        f"({track.slow_count} slow answers)"
+                    )
         if reasons and b.state is State.ELIGIBLE:
             return self._move(b, State.SUSPECT, "; ".join(reasons), now, self.evidence(b, now))
         if not reasons and b.state is State.SUSPECT and clear:

@@ -469,12 +469,16 @@ class Breaker:
         wall_now = self.wall.at(now)
         state = self._call_state(call)
         decided: list[tuple[Binding, str | None, bool]] = []
+        admitted = 0
         for binding in route.bindings:
             reason, hard, token = self._admit(binding, now, wall_now)
             if token is not None:
                 state.trials[binding.id] = token
             decided.append((binding, reason, hard))
-        if any(reason is None for _, reason, _ in decided):
+            admitted += reason is None
+        if admitted == len(decided):
+            pass  # the common case: every line is in, the route stays as it is
+        elif admitted:
             route.bindings = tuple(b for b, reason, _ in decided if reason is None)
             route.skipped.extend((b, reason) for b, reason, _ in decided if reason is not None)
         elif any(not hard for _, _, hard in decided):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from prism_proxy import WORKERS_DIR_ENV, Telemetry
 
 from .families import FAMILIES, Family
+from .tally import Tally
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -44,6 +45,10 @@ class Exporter(Telemetry):
         self.metrics: dict[str, Any] = {
             family.name: self._make(prometheus_client, family) for family in FAMILIES
         }
+        #: What calls counted, not yet handed to prometheus-client (folded on a scrape).
+        self.tally = Tally()
+        # Label children, looked up once: prometheus-client's lookup takes a lock.
+        self._children: dict[tuple[Any, ...], Any] = {}
         #: Event counter values already added to ``prism_events_total``.
         self._events: dict[str, int] = {}
         self._unknown: set[str] = set()
@@ -69,17 +74,34 @@ class Exporter(Telemetry):
             name, family.help, multiprocess_mode=family.combine, **common
         )
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, from a cache."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     # -- Telemetry: what other plugins (and the core) report ----------------------
 
     def count(self, name: str, amount: float = 1.0, **labels: str) -> None:
         metric = self._metric(name)
         if metric is not None:
-            (metric.labels(**labels) if labels else metric).inc(amount)
+            self.tally.add(self._labelled(metric, labels), amount)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         metric = self._metric(name)
         if metric is not None:
-            (metric.labels(**labels) if labels else metric).observe(value)
+            self.tally.observe(self._labelled(metric, labels), value)
+
+    def _labelled(self, metric: Any, labels: Mapping[str, str]) -> Any:
+        if not labels:
+            return metric
+        key = (id(metric), *labels.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**labels)
+        return child
 
     def _metric(self, name: str) -> Any:
         metric = self.metrics.get(name)
@@ -104,6 +126,7 @@ class Exporter(Telemetry):
         import prometheus_client
         from prometheus_client import multiprocess
 
+        self.tally.fold()
         refresh()
         if self.shared_dir is None:
             return bytes(prometheus_client.generate_latest(self.registry))

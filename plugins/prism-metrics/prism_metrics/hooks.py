@@ -54,15 +54,10 @@ class MetricsHooks:
         self._fallbacks = m["prism_fallbacks_total"]
         self._tokens = m["prism_tokens_total"]
         self._rules = m["prism_rule_matches_total"]
-        # Label children, looked up once: prometheus-client's lookup takes a lock.
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self._child = exporter.child
+        # Counted in plain dicts; prometheus-client gets the sums when someone looks.
+        self._add = exporter.tally.add
+        self._observe = exporter.tally.observe
 
     # -- per call ------------------------------------------------------------------
 
@@ -70,12 +65,12 @@ class MetricsHooks:
     def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
         binding = attempt.binding
         labels = binding_labels(binding)
-        self._child(self._inflight, *labels).inc()
+        self._add(self._child(self._inflight, *labels))
         attempt.extensions[IN_FLIGHT] = True
         if "max_concurrency" in binding.options:
             self.peaks.change(binding.id, 1)
         if len(call.attempts) > 1 and call.attempts[-2].binding.id == attempt.binding.id:
-            self._child(self._retries, labels[0], labels[1]).inc()
+            self._add(self._child(self._retries, labels[0], labels[1]))
 
     @hookimpl
     def prism_on_attempt(self, call: Call, attempt: Attempt) -> None:
@@ -83,10 +78,10 @@ class MetricsHooks:
         if verdict is None:
             return
         labels = binding_labels(attempt.binding)
-        self._child(self._attempts, *labels, str(verdict.outcome)).inc()
+        self._add(self._child(self._attempts, *labels, str(verdict.outcome)))
         if verdict.outcome in _SERVING:
             if attempt.first_byte_ms is not None:
-                self._child(self._ttft, *labels).observe(attempt.first_byte_ms / 1000)
+                self._observe(self._child(self._ttft, *labels), attempt.first_byte_ms / 1000)
         else:
             self._end(attempt)  # a serving attempt stays in flight until the call settles
 
@@ -100,30 +95,30 @@ class MetricsHooks:
         labels = [endpoint, model, route, settlement.outcome, settlement.error_code or ""]
         if self.exporter.org_label:
             labels.append(call.principal.org or "")
-        self._child(self._requests, *labels).inc()
-        self._child(self._duration, endpoint, model).observe(self.clock() - call.received_at)
+        self._add(self._child(self._requests, *labels))
+        self._observe(self._child(self._duration, endpoint, model), self.clock() - call.received_at)
         if route not in ("default", "none"):
-            self._child(self._rules, model, route).inc()
+            self._add(self._child(self._rules, model, route))
         self._fallback_kinds(call, model)
         usage, served = settlement.usage, settlement.served
         if usage is not None and served is not None:
             for kind, field in _TOKEN_KINDS:
                 tokens = getattr(usage, field)
                 if tokens:
-                    self._child(self._tokens, model, served.binding.provider, kind).inc(tokens)
+                    self._add(self._child(self._tokens, model, served.binding.provider, kind), tokens)
 
     def _fallback_kinds(self, call: Call, model: str) -> None:
         if len({attempt.binding.id for attempt in call.attempts}) > 1:
-            self._child(self._fallbacks, model, "binding").inc()
+            self._add(self._child(self._fallbacks, model, "binding"))
         if call.response_headers.get("x-prism-fallback") == "cross-tier":
-            self._child(self._fallbacks, model, "cross_tier").inc()
+            self._add(self._child(self._fallbacks, model, "cross_tier"))
         if "stand-down" in call.response_headers.get("x-prism-breaker", ""):
-            self._child(self._fallbacks, model, "stand_down").inc()
+            self._add(self._child(self._fallbacks, model, "stand_down"))
 
     def _end(self, attempt: Attempt) -> None:
         if attempt.extensions.pop(IN_FLIGHT, False):
             binding = attempt.binding
-            self._child(self._inflight, *binding_labels(binding)).dec()
+            self._add(self._child(self._inflight, *binding_labels(binding)), -1)
             if "max_concurrency" in binding.options:
                 self.peaks.change(binding.id, -1)
 

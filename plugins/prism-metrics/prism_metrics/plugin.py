@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +32,9 @@ CAPACITY_NAME = "metrics.capacity"
 #: How often every worker brings its read-at-scrape values up to date, so that
 #: a scrape answered by another worker sees them.
 SYNC_S = 1.0
+#: How often every worker folds what its calls counted into prometheus-client (its
+#: shared files under ``--workers``): how late another worker's scrape may be.
+FOLD_S = 0.25
 
 
 @hookimpl(tryfirst=True)
@@ -53,17 +57,26 @@ async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
     """While the generation serves, keep this worker's read-at-scrape values current
     (and, with prism-redis, the fleet's capacity peaks)."""
 
+    tally = hooks.exporter.tally
+
     async def run() -> None:
-        while True:
-            await asyncio.sleep(SYNC_S)
+        ticks = round(SYNC_S / FOLD_S)
+        for tick in itertools.count(1):
+            await asyncio.sleep(FOLD_S)
+            tally.fold()
+            if tick % ticks:
+                continue
             if shared is not None:
                 # prism-redis marks itself degraded and logs the outage once.
                 with contextlib.suppress(Exception):
                     await exchange_peaks(shared, hooks.rule)
             hooks.refresh()
 
-    async with background(run, "prism-metrics-sync"):
-        yield
+    try:
+        async with background(run, "prism-metrics-sync"):
+            yield
+    finally:
+        tally.fold()  # a worker stopping leaves nothing counted behind
 
 
 def metrics_of(generation: Generation) -> MetricsHooks | None:

@@ -68,6 +68,11 @@ async def test_two_workers_counts_add_up_in_every_scrape_and_survive_a_killed_wo
         served_by = collections.Counter([await one_call(url) for _ in range(CALLS)])
         assert len(served_by) == 2, served_by  # both workers served some of the calls
 
+        # Each worker folds its counts into the shared files every quarter second.
+        for _ in range(40):
+            if value(await scrape_fresh(url), "prism_requests_total") == CALLS:
+                break
+            await asyncio.sleep(0.1)
         totals = {value(await scrape_fresh(url), "prism_requests_total") for _ in range(10)}
         assert totals == {CALLS}
 
