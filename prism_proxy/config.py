@@ -234,7 +234,7 @@ class Config:
     header_timeout_s: float = 10.0
     #: An idle keep-alive connection is closed after this.
     keepalive_timeout_s: float = 75.0
-    #: Connections accepted at once; None: 90% of the open-file soft limit.
+    #: Connections accepted at once; None: 45% of the open-file soft limit.
     max_connections: int | None = None
     #: ``prism serve`` processes on the port (``auto``: one per CPU).
     workers: int = 1

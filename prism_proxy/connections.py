@@ -31,9 +31,13 @@ __all__ = ["ConnectionGuard", "GuardedHandler", "GuardedSite", "RejectionLog", "
 
 log = logging.getLogger("prism.http")
 
-#: Share of the open-file soft limit that connections may take by default; the
-#: rest is for upstream pools, state files and the ledger.
-FILE_SHARE = 0.9
+#: Share of the open-file soft limit that connections may take by default.  A
+#: caller's call in flight holds an upstream connection too, so callers get a bit
+#: under half; the rest is for those, state files and the ledger.  Above it a
+#: caller gets 503 ``too_many_connections`` at once, instead of the gateway
+#: running out of files and failing upstream connects (evidence against
+#: upstreams that did nothing wrong).
+FILE_SHARE = 0.45
 SERVER = "prism"
 
 

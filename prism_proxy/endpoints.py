@@ -217,6 +217,16 @@ async def _answer(generation: Generation, call: Call) -> Answer:
         return _refused(call, err)
     except PrismError as err:
         return _refused(call, err)
+    except ConnectionResetError:
+        # The caller left while its answer was being written, before aiohttp noticed
+        # and cancelled us: the relay settled the call as aborted, with what was
+        # delivered.  Nothing is left to send; aiohttp drops the connection quietly.
+        if call.settlement is None:
+            call.settlement = Settlement(
+                outcome="aborted", status=499, served=call.served, error_code="client_closed"
+            )
+        gone = "the caller closed the connection before its answer was written"
+        return ErrorAnswer(PrismError(499, "client_closed", gone))
     except Exception:
         log.exception("unexpected failure in %s", call.request_id)
         failure = PrismError(

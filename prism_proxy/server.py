@@ -158,7 +158,7 @@ async def listen(
     the rest are cancelled (and settle as aborted).  Connections are
     guarded (see :mod:`.connections`): a request head must arrive within
     ``header_timeout_s``, idle keep-alive connections close after
-    ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 90%
+    ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 45%
     of the open-file soft limit) new connections are refused at once.
     """
     sockets = app.get(LISTEN_SOCKETS)
@@ -173,7 +173,7 @@ async def listen(
     if max_connections is None:
         max_connections, soft = default_limit()
         log.info(
-            "accepting at most %d connections (90%% of the open-file limit %d)",
+            "accepting at most %d connections (45%% of the open-file limit %d)",
             max_connections,
             soft,
         )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from prism_fake_upstream import Fault
+
+from prism_proxy import hookimpl
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
@@ -178,6 +182,47 @@ async def test_client_disconnect_cancels_the_upstream_stream(prism_fake, prism_g
     [(_, settlement)] = recorder.settled
     assert settlement.outcome == "aborted"
     assert settlement.served.binding.id == "p/x"
+
+
+async def test_a_caller_gone_as_its_stream_starts_is_settled_aborted_not_a_failure(
+    prism_fake, prism_gateway, recorder, prism_plugin, caplog
+):
+    class HangUp:
+        """Closes the caller's connection as the serving attempt is judged: the relay
+        then starts the answer on a transport already closing, before aiohttp has
+        seen the connection go and cancelled the handler (the race a load test's
+        last requests hit)."""
+
+        @hookimpl
+        def prism_on_attempt(self, call: Any, attempt: Any) -> None:
+            transport = call.request.transport
+            if transport is not None:
+                transport.close()
+
+    prism_plugin(HangUp(), "test-hang-up")
+    catalog = {
+        "providers": {"p": {"kind": "openai", "base_url": prism_fake.base_url("ok")}},
+        "models": {"m": {"chain": [{"provider": "p", "model": "x"}]}},
+    }
+    gw = await prism_gateway(catalog)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientError):
+            async with session.post(
+                gw.base_url + "/chat/completions",
+                json={"model": "m", "messages": MESSAGES, "stream": True},
+            ) as response:
+                await response.read()
+    for _ in range(100):
+        if recorder.settled:
+            break
+        await asyncio.sleep(0.02)
+    [(_, settlement)] = recorder.settled
+    assert (settlement.outcome, settlement.status) == ("aborted", 499)
+    assert settlement.error_code == "client_closed"
+    assert settlement.served.binding.id == "p/x"  # what was delivered is still billable
+    assert not [
+        r for r in caplog.records if r.name.startswith("prism") and r.levelno >= logging.ERROR
+    ]
 
 
 async def test_client_disconnect_during_a_stalled_upstream_cancels_it(

@@ -89,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=None,
         handler_cancellation=True,
         shutdown_timeout=1.0,
+        backlog=1024,  # as prism serve: a burst of new connections waits alike
         print=None,
         loop=loop,
     )

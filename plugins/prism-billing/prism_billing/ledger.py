@@ -15,11 +15,12 @@ import collections
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from prism_proxy import Telemetry
+from prism_proxy import Generation, Telemetry
 
 from .rows import COLUMNS, LedgerRow
 
@@ -171,6 +172,16 @@ class GroupCommit(abc.ABC):
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        #: With more calls in flight than rows queued, a commit waits this long for
+        #: their rows (PostgreSQL's ``commit_delay``): one fsync for more calls.
+        self.commit_delay_s = 0.0
+        self._calls_in_flight: Callable[[], int] = lambda: 0
+
+    def serve(self, generation: Generation, commit_delay_s: float) -> None:
+        """Write for ``generation`` now: its telemetry, its calls in flight, its delay."""
+        self.telemetry = generation.telemetry
+        self.commit_delay_s = commit_delay_s
+        self._calls_in_flight = lambda: generation.in_flight
 
     @abc.abstractmethod
     async def _write(self, rows: list[LedgerRow]) -> int:
@@ -205,6 +216,13 @@ class GroupCommit(abc.ABC):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
+                if (
+                    self.commit_delay_s
+                    and not self._closing
+                    and len(self._queue) < min(self._max_batch, self._calls_in_flight())
+                ):
+                    # Other calls are on their way to settling: their rows share this commit.
+                    await asyncio.sleep(self.commit_delay_s)
                 take = min(len(self._queue), self._max_batch)
                 batch = [self._queue.popleft() for _ in range(take)]
                 started = time.perf_counter()

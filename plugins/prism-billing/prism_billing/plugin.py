@@ -52,7 +52,7 @@ def prism_generation(generation: Generation) -> None:
                 settings.source,
             ),
         )
-        pg.writer.telemetry = generation.telemetry
+        pg.writer.serve(generation, settings.commit_delay_ms / 1000)
         generation.register(Billing(settings, prices, pg.writer, generation.clock), PLUGIN_OBJECT)
         return
     path = settings.ledger_path
@@ -74,7 +74,7 @@ def prism_generation(generation: Generation) -> None:
             settings.source,
         ),
     )
-    kept.writer.telemetry = generation.telemetry
+    kept.writer.serve(generation, settings.commit_delay_ms / 1000)
     billing = Billing(settings, prices, kept.writer, generation.clock)
     generation.register(billing, PLUGIN_OBJECT)
 

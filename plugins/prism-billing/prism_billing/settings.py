@@ -13,7 +13,15 @@ from prism_proxy import Config, redact_url
 __all__ = ["PLUGIN_NAME", "BillingSettings"]
 
 PLUGIN_NAME = "billing"
-_KEYS = ("ledger_path", "ledger_url", "currency", "require_prices", "synchronous", "max_batch_rows")
+_KEYS = (
+    "ledger_path",
+    "ledger_url",
+    "currency",
+    "require_prices",
+    "synchronous",
+    "max_batch_rows",
+    "commit_delay_ms",
+)
 _CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 
 
@@ -31,6 +39,8 @@ class BillingSettings:
     #: SQLite ``PRAGMA synchronous`` in WAL mode: FULL fsyncs every commit.
     synchronous: str = "FULL"
     max_batch_rows: int = 1000
+    #: With other calls in flight, how long a commit waits for their rows to share it.
+    commit_delay_ms: float = 1.0
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +75,7 @@ class BillingSettings:
             require_prices=section.get_bool("require_prices", True),
             synchronous=synchronous,
             max_batch_rows=section.get_int("max_batch_rows", 1000, min=1, max=100_000),
+            commit_delay_ms=section.get_float("commit_delay_ms", 1.0, min=0.0, max=100.0),
         )
         raw = section.get_str("ledger_path")
         url = section.get_str("ledger_url")

@@ -131,3 +131,40 @@ async def test_a_failed_commit_fails_its_callers_and_the_next_batch_still_commit
     await writer.close()
     assert stored(tmp_path / "l.sqlite") == [("req_good", "ok")]
     assert writer.counters["billing_write_errors"] == 1
+
+
+async def test_a_commit_waits_a_moment_for_the_rows_of_calls_still_in_flight(tmp_path):
+    import types
+
+    from prism_proxy import Telemetry
+
+    loop = asyncio.get_running_loop()
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    gateway = types.SimpleNamespace(in_flight=4, telemetry=Telemetry())
+
+    async def staggered(prefix: str, spacing_s: float) -> None:
+        async def call(i: int) -> None:
+            await asyncio.sleep(spacing_s * i)
+            await writer.record(row(f"{prefix}_{i}"))
+
+        await asyncio.gather(*(call(i) for i in range(4)))
+
+    try:
+        # Without a delay, calls settling 0.2 s apart commit one by one.
+        writer.serve(gateway, 0.0)
+        await staggered("apart", 0.2)
+        assert writer.counters["billing_commits"] == 4
+        # Four calls in flight, settling within the delay: one commit for the four.
+        writer.serve(gateway, 1.0)
+        await staggered("shared", 0.05)
+        assert writer.counters["billing_commits"] == 5
+        # A call alone waits for nobody.
+        gateway.in_flight = 1
+        started = loop.time()
+        await writer.record(row("alone"))
+        assert loop.time() - started < 0.9
+        assert writer.counters["billing_commits"] == 6
+    finally:
+        await writer.close()
+    assert len(stored(tmp_path / "l.sqlite")) == 9
