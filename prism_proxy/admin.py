@@ -38,9 +38,7 @@ def require_admin(request: web.Request) -> None:
         raise PrismError(401, "invalid_admin_token", "missing or invalid admin token")
 
 
-def is_admin(
-    request: web.Request, *, cookie: str | None = None, header: str | None = None
-) -> bool:
+def is_admin(request: web.Request, *, cookie: str | None = None, header: str | None = None) -> bool:
     """Whether the request carries the admin token: in ``Authorization``; or in the
     header named ``header`` (a model API call, whose ``Authorization`` is an API
     key); or in the cookie named ``cookie`` (read-only pages a browser opens, whose

@@ -208,7 +208,8 @@ async def settle(generation: Generation, call: Call) -> bool:
             pending = [p for p in settle_hook(call=call, settlement=settlement) if p]
             if pending:
                 # Shielded: a client leaving must not cut a ledger commit in half.
-                await asyncio.shield(asyncio.gather(*pending))
+                work = pending[0] if len(pending) == 1 else asyncio.gather(*pending)
+                await asyncio.shield(work)
         except Exception:
             log.exception("prism_settle failed for %s", call.request_id)
             recorded = False

@@ -104,7 +104,7 @@ def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
     # pluggy calls the list it keeps from its end: that is the order to keep.
     ordered = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
     if any(impl.wrapper for impl in impls):
-        wrapped = [(f, names, impl.wrapper) for (f, names), impl in zip(ordered, reversed(impls))]
+        wrapped = [(i.function, tuple(i.argnames), i.wrapper) for i in reversed(impls)]
         return _wrapped(wrapped, firstresult)
     if firstresult:
         if len(ordered) == 1:
@@ -151,7 +151,8 @@ def _wrapped(
                     try:
                         next(outcome)
                     except StopIteration:
-                        raise RuntimeError(f"wrapper {function.__qualname__} did not yield")
+                        message = f"wrapper {function.__qualname__} did not yield"
+                        raise RuntimeError(message) from None
                     teardowns.append(outcome)
                 elif outcome is not None:
                     results.append(outcome)

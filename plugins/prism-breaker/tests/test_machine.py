@@ -163,7 +163,9 @@ def test_a_slow_answer_now_and_then_never_makes_a_line_suspect() -> None:
     moves = len(m.outbox)
     for n in range(200):  # every fifth answer slow: jitter, not a slow line
         slow = n % 5 == 0
-        state = see(m, Outcome.OK, 100.0 + n, streaming=True, first_byte_ms=400.0 if slow else 100.0)
+        state = see(
+            m, Outcome.OK, 100.0 + n, streaming=True, first_byte_ms=400.0 if slow else 100.0
+        )
         assert state is State.ELIGIBLE, n
     assert len(m.outbox) == moves  # not one transition to store, audit or publish
 

@@ -8,7 +8,6 @@ may send any string), routes are rule names, codes are Prism's own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prism_breaker import breaker_of
 
@@ -105,7 +104,8 @@ class MetricsHooks:
             for kind, field in _TOKEN_KINDS:
                 tokens = getattr(usage, field)
                 if tokens:
-                    self._add(self._child(self._tokens, model, served.binding.provider, kind), tokens)
+                    provider = served.binding.provider
+                    self._add(self._child(self._tokens, model, provider, kind), tokens)
 
     def _fallback_kinds(self, call: Call, model: str) -> None:
         if len({attempt.binding.id for attempt in call.attempts}) > 1:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import prometheus_client
-
 from prism_metrics.tally import Tally
 
 
