@@ -180,7 +180,12 @@ class Machine:
                 since=now,
                 errors=ErrorWindow(s.error_rate_window_s, unsent=[] if self.fleet else None),
                 latency={
-                    kind: LatencyTrack(s.latency_factor, s.latency_window_s, s.latency_min_samples)
+                    kind: LatencyTrack(
+                        s.latency_factor,
+                        s.latency_window_s,
+                        s.latency_min_samples,
+                        floor_ms=s.latency_floor_ms,
+                    )
                     for kind in (STREAM, BODY)
                 },
             )

@@ -24,6 +24,7 @@ _KEYS = frozenset(
         "error_rate_window_s",
         "error_rate_min_calls",
         "latency_factor",
+        "latency_floor_ms",
         "latency_sustain_s",
         "latency_min_samples",
         "latency_min_slow",
@@ -56,6 +57,8 @@ class Settings:
     error_rate_window_s: float = 60.0
     error_rate_min_calls: int = 20
     latency_factor: float = 3.0
+    #: A first byte sooner than this is never slow, whatever the median.
+    latency_floor_ms: float = 100.0
     latency_sustain_s: float = 60.0
     latency_min_samples: int = 20
     latency_min_slow: int = 5
@@ -112,6 +115,7 @@ class Settings:
             error_rate_window_s=window_s,
             error_rate_min_calls=section.get_int("error_rate_min_calls", 20, min=1),
             latency_factor=section.get_float("latency_factor", 3.0, min=1.0),
+            latency_floor_ms=section.get_float("latency_floor_ms", 100.0, min=0.0),
             latency_sustain_s=latency_sustain_s,
             latency_min_samples=section.get_int("latency_min_samples", 20, min=1),
             latency_min_slow=section.get_int("latency_min_slow", 5, min=1),

@@ -97,6 +97,9 @@ class LatencyTrack:
     slow_count: int = 0
     #: The other gateways' baselines, as (samples, median ms); empty without a fleet.
     others: list[tuple[int, float]] = attrs.field(factory=list)
+    #: A sample at or below this is never slow: against a median of a few ms, 3x is
+    #: the gateway's own queueing under load (its event loop's lag), not the upstream.
+    floor_ms: float = 0.0
 
     def observe(self, now: float, ms: float) -> Slowness:
         self.prune(now)
@@ -108,7 +111,7 @@ class LatencyTrack:
             self._end_run()
             self._to_baseline(now, ms)
             return Slowness.UNJUDGED
-        if ms > self.factor * median:
+        if ms > self.factor * median and ms > self.floor_ms:
             if self.slow_since is None:
                 self.slow_since = now
             self.slow_count += 1

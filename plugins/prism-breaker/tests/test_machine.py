@@ -364,3 +364,15 @@ def test_every_transition_is_queued_with_evidence_and_revision() -> None:
     assert isolation.evidence["consecutive_failures"] == 1
     assert isolation.evidence["isolation_s"] == 30
     assert isolation.snapshot.isolated_revision == 1
+
+
+def test_first_bytes_under_the_floor_are_never_slow_whatever_the_median() -> None:
+    # A fast upstream (1 ms) behind a gateway queueing under load (15 ms): not slow.
+    m = latency_machine(latency_floor_ms=100.0)
+    baseline(m, ms=1.0)
+    for t in range(100, 300):
+        assert see(m, Outcome.OK, float(t), streaming=True, first_byte_ms=15.0) is State.ELIGIBLE
+    # Above the floor and above 3x the median it is slow as before.
+    for t in range(300, 303):
+        see(m, Outcome.OK, float(t), streaming=True, first_byte_ms=400.0)
+    assert m.get(KEY, 303.0).state is State.SUSPECT
