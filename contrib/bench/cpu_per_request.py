@@ -160,6 +160,22 @@ async def main(
                 process.terminate()
             for process in (upstream, *(target[1] for target in targets)):
                 process.wait(15)
+            if workers > 1:
+                forget_shared_state(redis_url, (SHARED, WORKERS))
+
+
+def forget_shared_state(redis_url: str, ports: Sequence[int]) -> None:
+    """Delete the keys the ``--workers`` targets left in Redis (their prefixes are the bench's)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for port in ports:
+            keys = list(client.scan_iter(match=f"prism-bench-{port}:*", count=500))
+            if keys:
+                client.delete(*keys)
+    finally:
+        client.close()
 
 
 def cli(argv: Sequence[str] | None = None) -> None:

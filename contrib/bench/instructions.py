@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+from cpu_per_request import forget_shared_state
 from profiles import write_full_profile
 from run import add_without, write_prism_config
 
@@ -189,6 +190,8 @@ def main(args: argparse.Namespace) -> None:
                         print(f"{kind} marginal {name[6:]:16} {cost:+11,.0f} instructions")
         finally:
             upstream.kill()
+            if args.redis:
+                forget_shared_state(args.redis, (PROXY,))
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
