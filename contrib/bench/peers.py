@@ -43,12 +43,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -57,8 +55,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HOST = "127.0.0.1"
-MODEL = "bench"
+from run import HOST, MODEL, Server, chat_body, free_port, http_request, wait_ready
+
 PEER_NAMES = ("portkey", "litellm")
 
 #: Pinned, so that a cached install is reused and two runs measure the same code.
@@ -284,13 +282,6 @@ def installed_version(name: str, cache_dir: Path | None = None) -> str | None:
 # --------------------------------------------------------------------------- running
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This environment without proxy variables (and without a database for LiteLLM)."""
     env = dict(os.environ)
@@ -306,18 +297,10 @@ def server_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 @dataclass
-class _Started:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    since: float = field(default_factory=time.monotonic)
+class _Started(Server):
+    """A peer's process, and when it started (start-up times are reported)."""
 
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+    since: float = field(default_factory=time.monotonic)
 
 
 def _start(name: str, argv: Sequence[str], cwd: Path, env: dict[str, str]) -> _Started:
@@ -353,56 +336,11 @@ def _stop(started: Sequence[_Started]) -> None:
             server.proc.wait()
 
 
-def _request(
-    port: int,
-    method: str,
-    path: str,
-    headers: Mapping[str, str],
-    body: bytes | None,
-    timeout: float,
-) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        conn.request(method, path, body=body, headers=dict(headers))
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
 def _wait_ready(server: _Started, port: int, path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise PeerError(
-                f"{server.name} exited with code {server.proc.returncode} before it was ready "
-                f"(log {server.log_path}):\n{server.log_tail()}"
-            )
-        try:
-            status, _ = _request(port, "GET", path, {}, None, 2.0)
-        except OSError as exc:
-            last = str(exc)
-        else:
-            if status == 200:
-                return
-            last = f"HTTP {status}"
-        time.sleep(0.1)
-    raise PeerError(
-        f"{server.name} not ready on {HOST}:{port}{path} after {timeout_s:.0f} s ({last}), "
-        f"log {server.log_path}:\n{server.log_tail()}"
-    )
-
-
-def chat_body(stream: bool) -> bytes:
-    """The request post.lua sends."""
-    payload: dict[str, object] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Say hello in ten words."}],
-    }
-    if stream:
-        payload["stream"] = True
-    return json.dumps(payload).encode()
+    try:
+        wait_ready(server, port, path, timeout_s)
+    except RuntimeError as exc:
+        raise PeerError(f"{exc}\n(log {server.log_path})") from None
 
 
 def probe(port: int, path: str, headers: Mapping[str, str]) -> str | None:
@@ -411,13 +349,8 @@ def probe(port: int, path: str, headers: Mapping[str, str]) -> str | None:
     for stream in (False, True):
         kind = "stream" if stream else "non-stream"
         try:
-            status, body = _request(
-                port,
-                "POST",
-                path,
-                {"Content-Type": "application/json", **headers},
-                chat_body(stream),
-                PROBE_TIMEOUT_S,
+            status, body = http_request(
+                port, "POST", path, chat_body(stream), PROBE_TIMEOUT_S, list(headers.items())
             )
         except OSError as exc:
             problems.append(f"{kind}: {exc}")
