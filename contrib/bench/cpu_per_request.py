@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proc import cpu_seconds
-from profiles import FULL_PLUGINS, write_full_profile
+from profiles import FULL_PLUGINS, add_profile, write_full_profile
 from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
@@ -196,12 +196,7 @@ def cli(argv: Sequence[str] | None = None) -> None:
         "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
     )
     add_without(parser)
-    parser.add_argument(
-        "--profile",
-        choices=("default", "full"),
-        default="default",
-        help="full: also Prism with every bundled plugin on, and without each in turn",
-    )
+    add_profile(parser, "also Prism with every bundled plugin on, and without each in turn")
     args = parser.parse_args(argv)
     asyncio.run(
         main(args.duration, args.routing, args.workers, args.redis, args.without[:1], args.profile)

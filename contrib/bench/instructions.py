@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 from cpu_per_request import forget_shared_state
-from profiles import write_full_profile
+from profiles import add_profile, write_full_profile
 from run import add_without, write_prism_config
 
 HERE = Path(__file__).resolve().parent
@@ -204,12 +204,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
         "--redis", metavar="URL", help="also count Prism sharing its state through this Redis"
     )
     add_without(parser)
-    parser.add_argument(
-        "--profile",
-        choices=("default", "full"),
-        default="default",
-        help="full: also Prism with every bundled plugin on (--without: and without that one)",
-    )
+    add_profile(parser, "also Prism with every bundled plugin on (--without: and without that one)")
     args = parser.parse_args(argv)
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing:

@@ -52,10 +52,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from run import HOST, MODEL, Server, chat_body, free_port, http_request, wait_ready
+from run import HOST, MODEL, Server, chat_body, free_port, http_request, spawn, wait_ready
 
 PEER_NAMES = ("portkey", "litellm")
 
@@ -296,29 +296,11 @@ def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-@dataclass
-class _Started(Server):
-    """A peer's process, and when it started (start-up times are reported)."""
-
-    since: float = field(default_factory=time.monotonic)
+def _spawn(name: str, argv: Sequence[str], cwd: Path, env: dict[str, str]) -> Server:
+    return spawn(name, argv, cwd, cwd / f"{name}.log", env)
 
 
-def _start(name: str, argv: Sequence[str], cwd: Path, env: dict[str, str]) -> _Started:
-    log_path = cwd / f"{name}.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own process group: stopped whole, Ctrl-C spares it
-        )
-    return _Started(name, proc, log_path)
-
-
-def _stop(started: Sequence[_Started]) -> None:
+def _stop(started: Sequence[Server]) -> None:
     """SIGTERM to each process group, then SIGKILL to what is left after a grace period."""
     for server in started:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -336,7 +318,7 @@ def _stop(started: Sequence[_Started]) -> None:
             server.proc.wait()
 
 
-def _wait_ready(server: _Started, port: int, path: str, timeout_s: float) -> None:
+def _wait_ready(server: Server, port: int, path: str, timeout_s: float) -> None:
     try:
         wait_ready(server, port, path, timeout_s)
     except RuntimeError as exc:
@@ -368,12 +350,12 @@ def probe(port: int, path: str, headers: Mapping[str, str]) -> str | None:
 
 def _start_portkey(
     entry: Path, upstream_base: str, workdir: Path
-) -> tuple[_Started, int, dict[str, str]]:
+) -> tuple[Server, int, dict[str, str]]:
     port = free_port()
     shim = workdir / "loopback.cjs"
     shim.write_text(LOOPBACK_SHIM)
     node = shutil.which("node") or "node"
-    server = _start(
+    server = _spawn(
         "portkey",
         [node, "--require", str(shim), str(entry), f"--port={port}", "--headless"],
         workdir,
@@ -408,10 +390,10 @@ def write_litellm_config(directory: Path, upstream_base: str) -> Path:
 
 def _start_litellm(
     entry: Path, upstream_base: str, workdir: Path
-) -> tuple[_Started, int, dict[str, str]]:
+) -> tuple[Server, int, dict[str, str]]:
     port = free_port()
     config = write_litellm_config(workdir, upstream_base)
-    server = _start(
+    server = _spawn(
         "litellm",
         [
             str(entry),
@@ -462,11 +444,11 @@ def running_peers(
         raise ValueError(f"unknown peer(s) {', '.join(unknown)} (known: {', '.join(PEER_NAMES)})")
     names = list(dict.fromkeys(names))  # each peer once
     cache = (cache_dir or default_cache_dir()).expanduser()
-    started: list[_Started] = []
+    started: list[Server] = []
     peers: list[Peer] = []
     try:
         # Start every peer first, then wait for them: LiteLLM's start takes a while.
-        pending: list[tuple[str, _Started, int, dict[str, str]]] = []
+        pending: list[tuple[str, Server, int, dict[str, str]]] = []
         failures: dict[str, str] = {}
         for name in names:
             try:
@@ -485,7 +467,7 @@ def running_peers(
             path = "/v1/chat/completions"
             try:
                 _wait_ready(server, port, _READY_PATH[name], READY_TIMEOUT_S[name])
-                took = time.monotonic() - server.since
+                took = time.monotonic() - server.started_at
                 log(f"{name}: ready on {HOST}:{port} {took:.1f} s after its start")
                 problem = probe(port, path, headers)
             except PeerError as exc:
@@ -561,7 +543,7 @@ class _Target:
     failure: str | None
 
 
-def _references(scratch: Path, upstream_base: str, started: list[_Started]) -> list[_Target]:
+def _references(scratch: Path, upstream_base: str, started: list[Server]) -> list[_Target]:
     """The bare proxy and ``prism serve``, as run.py starts them, to compare with."""
     from run import write_prism_config
 
@@ -576,7 +558,7 @@ def _references(scratch: Path, upstream_base: str, started: list[_Started]) -> l
         ("bare-proxy", bare, bare_port, "/healthz"),
         ("prism", prism, prism_port, "/readyz"),
     ):
-        server = _start(name, argv, scratch, server_env({}))
+        server = _spawn(name, argv, scratch, server_env({}))
         started.append(server)
         try:
             _wait_ready(server, port, ready, 20.0)
@@ -602,7 +584,7 @@ def _demo(
         up_port = free_port()
         upstream_base = f"http://{HOST}:{up_port}/s/ok/v1"
         fake_argv = [str(fake), "--host", HOST, "--port", str(up_port)]
-        started = [_start("fake-upstream", fake_argv, scratch, server_env({}))]
+        started = [_spawn("fake-upstream", fake_argv, scratch, server_env({}))]
         try:
             _wait_ready(started[0], up_port, "/s/ok/v1/models", 20.0)
             targets = _references(scratch, upstream_base, started) if reference else []

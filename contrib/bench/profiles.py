@@ -9,17 +9,25 @@ reads), so that full minus that plugin shows what the plugin costs.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["FULL_PLUGINS", "RULES", "write_full_profile"]
+__all__ = ["FULL_PLUGINS", "RULES", "add_profile", "write_full_profile"]
 
 #: The plugins the full profile turns on (the provider kind is always there).
 FULL_PLUGINS = ("keys", "billing", "breaker", "regions", "rules", "metrics", "timeout-header")
 RULES = 200
 MODEL = "bench"
+
+
+def add_profile(parser: argparse.ArgumentParser, full: str) -> None:
+    """``--profile default|full``; ``full`` says what the full profile adds to that script."""
+    parser.add_argument(
+        "--profile", choices=("default", "full"), default="default", help=f"full: {full}"
+    )
 
 
 def _catalog(upstream_base: str, without: str | None) -> str:

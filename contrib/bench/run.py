@@ -38,6 +38,7 @@ from types import FrameType
 from typing import IO
 
 from proc import cpu_seconds, pin, split_cpus
+from profiles import add_profile, write_full_profile
 
 HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "post.lua"
@@ -140,6 +141,7 @@ class Server:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -159,21 +161,7 @@ class Servers:
     def start(
         self, name: str, argv: Sequence[str], cwd: Path, cpus: set[int] | None = None
     ) -> Server:
-        log_path = self.log_dir / f"{name}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_server_env(),
-                # Own session: Ctrl-C reaches only us, and we stop them in order.
-                start_new_session=True,
-                # Threads and children inherit it: the whole server stays on its CPUs.
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-            )
-        server = Server(name, proc, log_path)
+        server = spawn(name, argv, cwd, self.log_dir / f"{name}.log", _server_env(), cpus)
         self.started[name] = server
         return server
 
@@ -188,6 +176,31 @@ class Servers:
             except subprocess.TimeoutExpired:
                 server.proc.kill()
                 server.proc.wait()
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    cwd: Path,
+    log_path: Path,
+    env: dict[str, str],
+    cpus: set[int] | None = None,
+) -> Server:
+    """Start a server in a session of its own (its process group is its own: Ctrl-C
+    reaches only us), output to ``log_path``, on ``cpus`` if given."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            # Threads and children inherit it: the whole server stays on its CPUs.
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+    return Server(name, proc, log_path)
 
 
 def _server_env() -> dict[str, str]:
@@ -733,12 +746,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="ok",
         help="fake upstream scenario for all targets (default ok; e.g. slow, err500)",
     )
-    parser.add_argument(
-        "--profile",
-        choices=("default", "full"),
-        default="default",
-        help="full: also Prism with every bundled plugin on (contrib/bench/profiles.py)",
-    )
+    add_profile(parser, "also Prism with every bundled plugin on (contrib/bench/profiles.py)")
     parser.add_argument(
         "--peers",
         action="store_true",
@@ -824,8 +832,6 @@ def benchmark(args: argparse.Namespace, wrk: str, repo: Path, workdir: Path) -> 
         wait_ready(prism, prism_port, "/readyz")
         commits = None
         if args.profile == "full":
-            from profiles import write_full_profile
-
             full_port = free_port()
             full_ini, key = write_full_profile(workdir / "full", full_port, upstream_base)
             full = start_prism(servers, "full", full_ini, under_test)

@@ -125,14 +125,14 @@ def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
     """
     before = conn.total_changes
     per_statement = max(1, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS))
-    if len(rows) <= per_statement:
-        conn.execute(_insert(len(rows)), [value for row in rows for value in row])
+    chunks = [rows[start : start + per_statement] for start in range(0, len(rows), per_statement)]
+    if len(chunks) == 1:
+        _insert(conn, chunks[0])
         return conn.total_changes - before
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            conn.execute(_insert(len(chunk)), [value for row in chunk for value in row])
+        for chunk in chunks:
+            _insert(conn, chunk)
         conn.execute("COMMIT")
     except BaseException:
         # A failed COMMIT (disk full) can leave the transaction open; the next
@@ -143,8 +143,10 @@ def _write(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
     return conn.total_changes - before
 
 
-def _insert(rows: int) -> str:
-    return _INSERT + ", " * (rows > 1) + ", ".join([_VALUES] * (rows - 1))
+def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """One multi-row INSERT of ``rows``."""
+    sql = _INSERT + ", " * (len(rows) > 1) + ", ".join([_VALUES] * (len(rows) - 1))
+    conn.execute(sql, [value for row in rows for value in row])
 
 
 class GroupCommit(abc.ABC):

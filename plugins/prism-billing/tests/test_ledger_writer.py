@@ -168,3 +168,22 @@ async def test_a_commit_waits_a_moment_for_the_rows_of_calls_still_in_flight(tmp
     finally:
         await writer.close()
     assert len(stored(tmp_path / "l.sqlite")) == 9
+
+
+def test_a_batch_larger_than_one_statement_is_still_one_transaction(tmp_path):
+    from prism_billing.ledger import _write, connect
+
+    conn = connect(tmp_path / "l.sqlite")
+    try:
+        # Two rows' worth of parameters per statement: five rows are three statements.
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 2 * len(row("x").as_tuple()))
+        rows = [row(f"req_{i}").as_tuple() for i in range(5)]
+        assert _write(conn, [*rows, rows[0]]) == 5  # the repeat is ignored, not an error
+        # A bad row in the second statement takes the first statement's rows back with it.
+        batch = [row(f"req_{i}").as_tuple() for i in (5, 6)] + [row("req_7", org={}).as_tuple()]
+        with pytest.raises(sqlite3.Error):
+            _write(conn, batch)
+        assert not conn.in_transaction
+    finally:
+        conn.close()
+    assert [r for r, _ in stored(tmp_path / "l.sqlite")] == [f"req_{i}" for i in range(5)]
