@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol
 
-import aiohttp
 import attrs
 
 from .call import Call, Endpoint
 from .catalog import Binding, Catalog, ProviderSpec
 from .errors import ConfigError
+from .upstream_http import UpstreamClient
 
 __all__ = [
     "PARAM_RULE_KEYS",
@@ -176,37 +176,13 @@ class Provider(abc.ABC):
 ProviderFactory = Callable[[ProviderSpec], Provider]
 
 
-class _AiohttpResponse:
-    __slots__ = ("_response", "headers", "status")
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.headers: Mapping[str, str] = response.headers
-
-    async def read(self) -> bytes:
-        return await self._response.read()
-
-    def iter_chunks(self) -> AsyncIterator[bytes]:
-        # aiohttp's own iterator, not a generator around it: a stream left
-        # unfinished must not leave a generator for the loop to finalise.
-        return self._response.content.iter_any()
-
-    def at_eof(self) -> bool:
-        return self._response.content.at_eof()
-
-    def close(self) -> None:
-        self._response.close()
-
-    def release(self) -> None:
-        self._response.release()
-
-
 class HttpProvider(Provider):
-    """A provider reached over HTTP through one pooled ``aiohttp.ClientSession``.
+    """A provider reached over HTTP through one pool of keep-alive connections.
 
-    Options every HTTP provider understands: ``max_connections`` (default 256)
-    and ``connect_timeout_ms`` (default 10000).  ``base_headers`` holds what
+    The pool is Prism's own lean HTTP/1.1 client (``upstream_http``): it
+    raises aiohttp's exceptions, as ``Provider.send`` says.  Options every
+    HTTP provider understands: ``max_connections`` (default 256) and
+    ``connect_timeout_ms`` (default 10000).  ``base_headers`` holds what
     every request should carry (``User-Agent: prism-proxy/<version>`` and a
     JSON ``Content-Type``); a subclass builds its own headers on top of it,
     once, at start-up.
@@ -222,21 +198,17 @@ class HttpProvider(Provider):
             "User-Agent": f"prism-proxy/{_distribution_version()}",
             "Content-Type": "application/json",
         }
-        self._session: aiohttp.ClientSession | None = None
+        self._client: UpstreamClient | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
+        self._client = UpstreamClient(
+            limit=self.max_connections, connect_timeout_s=self.connect_timeout_s
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     def option_table(self, key: str) -> dict[str, str]:
         """A ``{ name = "value" }`` option (extra headers, query parameters)."""
@@ -270,10 +242,9 @@ class HttpProvider(Provider):
 
     async def post(self, url: str, headers: Mapping[str, str], payload: bytes) -> UpstreamResponse:
         """POST ``payload`` and return once the response headers arrive."""
-        if self._session is None:
+        if self._client is None:
             raise RuntimeError(f"provider {self.name!r} used before start()")
-        response = await self._session.post(url, data=payload, headers=headers)
-        return _AiohttpResponse(response)
+        return await self._client.post(url, headers, payload)
 
 
 def _distribution_version() -> str:
