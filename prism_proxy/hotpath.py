@@ -106,33 +106,45 @@ def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
     if any(impl.wrapper for impl in impls):
         wrapped = [(i.function, tuple(i.argnames), i.wrapper) for i in reversed(impls)]
         return _wrapped(wrapped, firstresult)
-    if firstresult:
-        if len(ordered) == 1:
-            ((function, names),) = ordered
+    if any(name.startswith("_") for _, names in ordered for name in names):
+        return caller  # such a name could shadow the compiled function's own
+    return _compiled(ordered, firstresult)
 
-            def first_of_one(**kwargs: Any) -> Any:
-                return function(*[kwargs[name] for name in names])
 
-            return first_of_one
+def _compiled(
+    ordered: Sequence[tuple[Callable[..., Any], tuple[str, ...]]], first: bool
+) -> Callable[..., Any]:
+    """One function that calls each implementation with its own arguments, in order.
 
-        def first(**kwargs: Any) -> Any:
-            for function, names in ordered:
-                result = function(*[kwargs[name] for name in names])
-                if result is not None:
-                    return result
-            return None
+    Written out as source (as attrs and namedtuple do) so that a call costs
+    what the implementations cost: no argument lists built per implementation.
+    Argument names are the implementations' parameters, so valid identifiers;
+    the function's own names start with ``_``, and a hook with such an
+    argument goes through pluggy instead.
+    """
+    namespace: dict[str, Any] = {}
+    used = list(dict.fromkeys(name for _, names in ordered for name in names))
+    params = ", ".join([*(f"{name}=_MISSING" for name in used), "**_others"])
+    lines = [f"def hook(*, {params}):"]
+    lines += [f"    if {name} is _MISSING: raise KeyError({name!r})" for name in used]
+    if not first:
+        lines.append("    _results = []")
+    for index, (function, names) in enumerate(ordered):
+        namespace[f"_f{index}"] = function
+        lines.append(f"    _r = _f{index}({', '.join(names)})")
+        lines.append(
+            "    if _r is not None: return _r"
+            if first
+            else "    if _r is not None: _results.append(_r)"
+        )
+    lines.append("    return None" if first else "    return _results")
+    namespace["_MISSING"] = _MISSING
+    exec("\n".join(lines), namespace)
+    hook: Callable[..., Any] = namespace["hook"]
+    return hook
 
-        return first
 
-    def collected(**kwargs: Any) -> list[Any]:
-        results = []
-        for function, names in ordered:
-            result = function(*[kwargs[name] for name in names])
-            if result is not None:
-                results.append(result)
-        return results
-
-    return collected
+_MISSING = object()
 
 
 def _wrapped(

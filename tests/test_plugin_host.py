@@ -129,6 +129,52 @@ def test_hot_path_hooks_behave_as_pluggy_would_whether_called_directly_or_not():
     assert direct_caller(pm.hook.seen) is pm.hook.seen  # an old-style hookwrapper needs pluggy
 
 
+def test_a_direct_call_passes_every_implementation_its_own_arguments():
+    """A hook argument named like a result (``prism_classify``'s ``result``) reaches
+    each implementation as the caller sent it, whatever the ones before returned."""
+    import pluggy
+
+    from prism_proxy.hotpath import direct_caller
+
+    spec = pluggy.HookspecMarker("demo")
+    impl = pluggy.HookimplMarker("demo")
+
+    class Specs:
+        @spec(firstresult=True)
+        def judge(self, call, attempt, result): ...
+
+        @spec
+        def note(self, call, result): ...
+
+    class Late:
+        @impl
+        def judge(self, result, call):
+            return f"late {result} {call}"
+
+        @impl
+        def note(self, result):
+            return f"late {result}"
+
+    class Early:
+        @impl
+        def judge(self, attempt):
+            return None  # passes
+
+        @impl
+        def note(self, call, result):
+            return f"early {call} {result}"
+
+    pm = pluggy.PluginManager("demo")
+    pm.add_hookspecs(Specs)
+    pm.register(Late())
+    pm.register(Early())
+    judge, note = direct_caller(pm.hook.judge), direct_caller(pm.hook.note)
+    assert judge is not pm.hook.judge and note is not pm.hook.note
+    kwargs = {"call": 1, "attempt": 2, "result": "r"}
+    assert judge(**kwargs) == pm.hook.judge(**kwargs) == "late r 1"
+    assert note(call=1, result="r") == pm.hook.note(call=1, result="r") == ["early 1 r", "late r"]
+
+
 def test_wrappers_called_directly_see_results_and_exceptions_as_under_pluggy():
     import pluggy
     import pytest
