@@ -60,9 +60,37 @@ class Price:
     cached_input: Decimal
     cache_write: Decimal
     request: Decimal = Decimal(0)
+    #: Nano-units per token (input, cached input, cache write, output) and per
+    #: call, when all are whole numbers (prices with up to three decimals): the
+    #: cost is then exact in integers, as the Decimal path would make it.
+    whole_nanos: tuple[int, int, int, int, int] | None = attrs.field(
+        init=False, eq=False, repr=False
+    )
+
+    @whole_nanos.default
+    def _whole_nanos(self) -> tuple[int, int, int, int, int] | None:
+        per_token = [
+            rate * 1000 for rate in (self.input, self.cached_input, self.cache_write, self.output)
+        ]
+        fee = self.request * NANOS
+        if any(value != value.to_integral_value() for value in (*per_token, fee)):
+            return None
+        a, b, c, d = (int(value) for value in per_token)
+        return a, b, c, d, int(fee)
 
     def cost_nanos(self, usage: Usage | None) -> int:
         """What the serving line charges for ``usage`` (None: the request fee alone)."""
+        whole = self.whole_nanos
+        if whole is not None:
+            if usage is None:
+                return whole[4]
+            cached = clamp_tokens(usage.cached_input_tokens)
+            written = clamp_tokens(usage.cache_creation_tokens)
+            fresh = max(clamp_tokens(usage.input_tokens) - cached - written, 0)
+            output = clamp_tokens(usage.output_tokens)
+            return (
+                fresh * whole[0] + cached * whole[1] + written * whole[2] + output * whole[3]
+            ) + whole[4]
         if usage is None:
             tokens = Decimal(0)
         else:

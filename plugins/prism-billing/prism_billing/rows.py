@@ -7,6 +7,8 @@ text, never a credential (``key_id`` is the key's public identifier).
 from __future__ import annotations
 
 import datetime
+import functools
+import math
 import operator
 from typing import Any
 
@@ -70,11 +72,25 @@ _COLUMN_VALUES = operator.attrgetter(*COLUMNS)
 
 
 def utc_day(timestamp: float) -> tuple[str, str]:
-    """``(ts, day)`` for a POSIX timestamp, in UTC."""
-    moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
-    ), moment.date().isoformat()
+    """``(ts, day)`` for a POSIX timestamp, in UTC: ``2026-11-30T16:31:11.042Z``."""
+    # Rounded to the microsecond as datetime.fromtimestamp rounds (half to even on
+    # the fraction), then cut to the millisecond as isoformat(timespec=...) cuts.
+    fraction, whole = math.modf(timestamp)
+    micro = round(fraction * 1_000_000)
+    second = int(whole)
+    if micro >= 1_000_000:
+        second, micro = second + 1, micro - 1_000_000
+    elif micro < 0:
+        second, micro = second - 1, micro + 1_000_000
+    prefix, day = _utc_second(second)
+    return f"{prefix}.{micro // 1000:03d}Z", day
+
+
+@functools.lru_cache(maxsize=4)
+def _utc_second(second: int) -> tuple[str, str]:
+    """The formatted second and day: every call in the same second shares them."""
+    moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S"), moment.date().isoformat()
 
 
 def build_row(

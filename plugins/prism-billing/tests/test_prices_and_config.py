@@ -36,6 +36,49 @@ def test_cost_has_no_float_drift():
     assert format_nanos(2_200_000_000) == "2.2"
 
 
+def test_whole_nano_prices_cost_exactly_what_decimal_arithmetic_says():
+    """Prices with up to three decimals are costed in integers; any others in
+    Decimal. Both must agree with the exact sum rounded once, half to even."""
+    import random
+    from decimal import ROUND_HALF_EVEN
+
+    rng = random.Random(17)
+    paths = set()
+    for _ in range(500):
+        places = rng.choice([0, 1, 2, 3, 4, 6])
+        fields = {
+            name: round(rng.uniform(0, 100), places)
+            for name in ("input", "output", "cached_input", "cache_write")
+        }
+        fields["request"] = round(rng.uniform(0, 0.01), rng.choice([0, 3, 6, 9, 10]))
+        p = price(**fields)
+        rates = (p.input, p.output, p.cached_input, p.cache_write)
+        whole = all(r.as_tuple().exponent >= -3 for r in rates)
+        whole = whole and p.request.as_tuple().exponent >= -9
+        assert (p.whole_nanos is not None) == whole
+        paths.add(whole)
+        cached, written = rng.randrange(0, 5000), rng.randrange(0, 5000)
+        usage = Usage(
+            input_tokens=rng.randrange(0, 200_000),
+            cached_input_tokens=cached,
+            cache_creation_tokens=written,
+            output_tokens=rng.randrange(0, 50_000),
+        )
+        fresh = max(usage.input_tokens - cached - written, 0)
+        exact = (
+            fresh * p.input
+            + cached * p.cached_input
+            + written * p.cache_write
+            + usage.output_tokens * p.output
+        ) / Decimal(1_000_000) + p.request
+        expected = int((exact * 10**9).quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+        assert p.cost_nanos(usage) == expected, fields
+        assert p.cost_nanos(None) == int(
+            (p.request * 10**9).quantize(Decimal(1), rounding=ROUND_HALF_EVEN)
+        )
+    assert paths == {True, False}  # both the integer and the Decimal path were tested
+
+
 def test_cost_rounds_once_to_the_nano_half_to_even():
     half_nano = price(input=0.0005, output=0)  # 5e-10 per token
     assert half_nano.cost_nanos(Usage(input_tokens=1)) == 0
@@ -179,3 +222,18 @@ def test_prism_check_refuses_an_unpriced_rule_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "models.m.rules[0].chain[0].price" in err
     assert not (tmp_path / "ledger.sqlite").exists()
+
+
+def test_row_timestamps_read_as_datetime_would_write_them():
+    import datetime
+    import random
+
+    from prism_billing.rows import utc_day
+
+    rng = random.Random(5)
+    stamps = [rng.uniform(0, 4e9) for _ in range(2000)]
+    stamps += [1e9 + 0.9999996, 1e9 + 0.0000004, 1_700_000_000.5, 1e9 - 0.0000004, 0.0]
+    for stamp in stamps:
+        moment = datetime.datetime.fromtimestamp(stamp, datetime.UTC)
+        ts = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        assert utc_day(stamp) == (ts, moment.date().isoformat()), stamp
