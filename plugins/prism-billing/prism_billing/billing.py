@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -99,15 +101,19 @@ class Billing:
             return None
         duration_ms = round((self.clock() - call.received_at) * 1000)
         row = build_row(call, settlement, self.prices, now=self.now(), duration_ms=duration_ms)
-        return self.commit(call, row)
+        committed = self.writer.record(row)
+        # Runs before the settling call resumes (callbacks run in the order added).
+        committed.add_done_callback(functools.partial(self._committed, call, row))
+        return committed
 
-    async def commit(self, call: Call, row: LedgerRow) -> None:
-        """Make the row durable, then tell the caller the amount.
+    def _committed(self, call: Call, row: LedgerRow, committed: asyncio.Future[None]) -> None:
+        """The row is durable: now tell the caller the amount.
 
         The header is set only after the commit, so a response that carries
         ``x-prism-cost`` always has its row.
         """
-        await self.writer.record(row)
+        if committed.cancelled() or committed.exception() is not None:
+            return
         cost = format_nanos(row.cost_nanos)
         call.response_headers[COST_HEADER] = cost
         call.access["cost"] = cost

@@ -192,14 +192,21 @@ class GroupCommit(abc.ABC):
     def _begin(self, task_name: str) -> None:
         self._task = asyncio.create_task(self._run(), name=task_name)
 
-    async def record(self, row: LedgerRow) -> None:
-        """Queue ``row`` and return once the transaction holding it is committed."""
-        if self._closing or self._task is None:
-            raise LedgerClosed(f"ledger closed; row for {row.request_id} not written")
+    def record(self, row: LedgerRow) -> asyncio.Future[None]:
+        """Queue ``row``; the future is done once the transaction holding it is committed.
+
+        A plain future, not a coroutine: a call's settling waits on it without
+        a task of its own (it fails with :class:`LedgerClosed` once closed).
+        """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closing or self._task is None:
+            future.set_exception(
+                LedgerClosed(f"ledger closed; row for {row.request_id} not written")
+            )
+            return future
         self._queue.append((row, future))
         self._wake.set()
-        await future
+        return future
 
     async def _drain(self) -> None:
         """Write everything queued, then stop the writing task."""
