@@ -176,3 +176,28 @@ async def test_a_slow_stream_that_never_pauses_for_long_is_not_cut(prism_fake, p
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert time.monotonic() - started > 1.5
     assert text == "Hello from up-steady. This is the fake upstream answering."
+
+
+async def test_a_stream_sends_its_headers_with_its_first_event_not_after_it(
+    prism_fake, prism_gateway
+):
+    # Headers leave with the first events, in one write: neither waits for the rest.
+    prism_fake.script("steady", [Fault(token_delay_s=1.0, text="one two three")])
+    gw = await prism_gateway(chain_catalog(prism_fake, "steady"))
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session, asyncio.timeout(30):
+        async with session.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+        ) as response:
+            headers_at = time.monotonic() - started
+            first = await response.content.readuntil(b"\n\n")
+            first_at = time.monotonic() - started
+            rest = await response.read()
+            ended_at = time.monotonic() - started
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    assert response.headers["x-prism-provider"] == "steady"
+    assert first.startswith(b"data: {")
+    assert headers_at < 0.8 and first_at < 0.8  # the next token is a second away
+    assert ended_at > 1.5
+    assert rest.endswith(b"data: [DONE]\n\n")
