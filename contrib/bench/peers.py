@@ -55,6 +55,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import run
 from run import HOST, MODEL, Server, chat_body, free_port, http_request, spawn, wait_ready
 
 PEER_NAMES = ("portkey", "litellm")
@@ -283,15 +284,11 @@ def installed_version(name: str, cache_dir: Path | None = None) -> str | None:
 
 
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """This environment without proxy variables (and without a database for LiteLLM)."""
-    env = dict(os.environ)
-    for var in list(env):
-        if var.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-            del env[var]
+    """Prism's servers' environment (no proxies), without a database for LiteLLM."""
+    env = run.server_env()
     # LiteLLM connects to a DATABASE_URL it finds (the bench runs it without one).
     for var in ("DATABASE_URL", "DIRECT_URL", "LITELLM_MASTER_KEY", "STORE_MODEL_IN_DB"):
         env.pop(var, None)
-    env["NO_PROXY"] = env["no_proxy"] = "*"
     env.update(extra)
     return env
 

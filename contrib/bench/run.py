@@ -161,7 +161,7 @@ class Servers:
     def start(
         self, name: str, argv: Sequence[str], cwd: Path, cpus: set[int] | None = None
     ) -> Server:
-        server = spawn(name, argv, cwd, self.log_dir / f"{name}.log", _server_env(), cpus)
+        server = spawn(name, argv, cwd, self.log_dir / f"{name}.log", server_env(), cpus)
         self.started[name] = server
         return server
 
@@ -203,7 +203,8 @@ def spawn(
     return Server(name, proc, log_path)
 
 
-def _server_env() -> dict[str, str]:
+def server_env() -> dict[str, str]:
+    """The environment servers run in: no proxies, unbuffered output."""
     env = dict(os.environ)
     for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         env.pop(var, None)
@@ -470,7 +471,7 @@ def run_wrk(
 ) -> Result:
     if target.broken:
         return Result(target, scenario, failure=target.broken)
-    env = _server_env()
+    env = server_env()
     env["BENCH_STREAM"] = "1" if scenario.stream else "0"
     env["BENCH_MODEL"] = MODEL
     env["BENCH_KEY"] = target.key_header or ""

@@ -1,0 +1,129 @@
+"""Two builds of Prism in one run: this checkout against another git revision.
+
+Separate runs of ``run.py`` drift by ±15% on a shared VM, so a change is
+judged by measuring both builds in the same run, their rounds taking turns
+with the bare proxy's:
+
+    python contrib/bench/compare.py 25dda01              # default and full profiles
+    python contrib/bench/compare.py HEAD~3 --profile default --rounds 4
+
+The other revision is checked out into a scratch worktree and served by the
+same virtualenv with ``PYTHONPATH`` pointing at it (its core, plugins and
+fake upstream come first on the path), so both builds run on the same
+dependencies.  Targets: the bare proxy, then each profile before and after;
+the table is ``run.py``'s, with every build's ratio to the bare proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from proc import split_cpus
+from profiles import write_full_profile
+from run import (
+    HOST,
+    Target,
+    find_wrk,
+    format_table,
+    free_port,
+    measure,
+    running_servers,
+    server_env,
+    spawn,
+    start_bare_proxy,
+    start_upstream,
+    venv_script,
+    wait_ready,
+    write_prism_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def worktree(revision: str, where: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", str(where), revision],
+        check=True,
+        capture_output=True,
+    )
+
+
+def old_path(tree: Path) -> str:
+    """``PYTHONPATH`` that puts the other build's packages before the installed ones."""
+    parts = [tree, *sorted((tree / "plugins").glob("prism-*")), tree / "contrib" / "fake-upstream"]
+    return ":".join(str(part) for part in parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("revision", help="the git revision to compare this checkout against")
+    parser.add_argument("--profile", choices=("default", "full", "both"), default="both")
+    parser.add_argument("--duration", type=int, default=3, help="seconds per round (3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per cell (3)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")
+    args = parser.parse_args(argv)
+    wrk = find_wrk(False)
+    if wrk is None:
+        print("wrk not found (Debian: apt-get install wrk)", file=sys.stderr)
+        return 2
+    script = venv_script("prism")
+    prism = [str(script)] if script is not None else [sys.executable, "-m", "prism_proxy.cli"]
+    profiles = ("default", "full") if args.profile == "both" else (args.profile,)
+    cpus = split_cpus()
+    under_test, load = (None, None) if cpus is None else cpus
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        tree = work / "before"
+        worktree(args.revision, tree)
+        try:
+            with running_servers(work) as servers:
+                upstream = free_port()
+                start_upstream(servers, upstream, REPO, load)
+                base = f"http://{HOST}:{upstream}/s/ok/v1"
+                port = free_port()
+                bare = start_bare_proxy(servers, port, base, REPO, under_test)
+                wait_ready(bare, port, "/healthz")
+                url = f"http://{HOST}:{port}/v1/chat/completions"
+                targets = [Target("bare", "bare proxy", url, bare.proc.pid)]
+                for build, pythonpath in (("before", old_path(tree)), ("after", None)):
+                    env = server_env()
+                    if pythonpath is not None:
+                        env["PYTHONPATH"] = pythonpath
+                    for profile in profiles:
+                        name = f"{profile}-{build}"
+                        port = free_port()
+                        here = work / name
+                        here.mkdir()
+                        key = None
+                        if profile == "full":
+                            ini, key = write_full_profile(here, port, base)
+                        else:
+                            ini = write_prism_config(here, port, base)
+                        argv_ = [*prism, "serve", "--config", str(ini)]
+                        log = work / f"{name}.log"
+                        server = spawn(name, argv_, ini.parent, log, env, under_test)
+                        servers.started[name] = server
+                        wait_ready(server, port, "/readyz")
+                        url = f"http://{HOST}:{port}/v1/chat/completions"
+                        label = f"{profile} {build}"
+                        targets.append(Target(name, label, url, server.proc.pid, key_header=key))
+                results = measure(
+                    wrk, targets, args.duration, args.warmup, args.rounds, sys.stdout, load
+                )
+                print(format_table(results))
+                print(f"before = {args.revision}, after = this checkout (uncommitted changes too)")
+        finally:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                capture_output=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
