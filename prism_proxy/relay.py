@@ -85,6 +85,11 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
     response, sent = stream_response(call)
     try:
         await response.prepare(call.request)
+        transport = call.request.transport
+        if transport is None or transport.is_closing():
+            # The headers wait for the first events (one write), so nothing has
+            # tried the connection yet: a caller already gone is found here.
+            raise ConnectionResetError("the caller closed the connection")
         broke: str | None = None
         tail = b""
         try:
