@@ -323,9 +323,15 @@ class _Connection(asyncio.Protocol):
             self.pool._put_back(self)
 
     def close(self) -> None:
-        """Our side ends the connection: whatever it was receiving is abandoned."""
-        self.response = None
-        self._arrived = None
+        """Our side ends the connection: whatever it was receiving is abandoned, and
+        anyone still waiting for it is told (the client closing under a call)."""
+        response, arrived = self.response, self._arrived
+        self.response = self._arrived = None
+        gone = aiohttp.ClientConnectionError("the connection was closed")
+        if arrived is not None and not arrived.done():
+            arrived.set_exception(gone)
+        if response is not None:
+            response._fail(gone)  # nothing once it is complete or has failed already
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()

@@ -303,3 +303,33 @@ async def test_a_closed_client_refuses_calls(wire):
     await client.close()
     with pytest.raises(aiohttp.ClientConnectionError):
         await client.post(f"{upstream.base_url}/chat/completions", {}, b"{}")
+
+
+async def test_closing_the_client_fails_what_waits_on_it(wire):
+    answered, hold = asyncio.Event(), asyncio.Event()
+
+    async def never(writer: asyncio.StreamWriter, index: int) -> bool:
+        if index == 1:
+            writer.write(answer_head(ANSWER) + ANSWER[:20])  # a body that never ends
+            await writer.drain()
+            answered.set()
+        await hold.wait()  # the first call gets no answer at all
+        return False
+
+    upstream = await wire(never)
+    client = UpstreamClient(limit=4, connect_timeout_s=5)
+    url = f"{upstream.base_url}/chat/completions"
+    try:
+        waiting = asyncio.create_task(client.post(url, {}, b"{}"))
+        while upstream.requests < 1:
+            await asyncio.sleep(0.01)
+        response = await client.post(url, {}, b"{}")
+        reading = asyncio.create_task(response.read())
+        await answered.wait()
+        await client.close()
+        async with asyncio.timeout(5):  # told at once, not left hanging
+            for task in (waiting, reading):
+                with pytest.raises(aiohttp.ClientConnectionError):
+                    await task
+    finally:
+        hold.set()
