@@ -8,6 +8,7 @@ may send any string), routes are rule names, codes are Prism's own.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prism_breaker import breaker_of
 
@@ -34,6 +35,38 @@ def binding_labels(binding: Binding) -> tuple[str, str, str]:
     return binding.provider, binding.model, binding.region or ""
 
 
+#: A generation forgets its lines' children past this many lines (plugins may make lines).
+_LINES_CACHE = 4096
+
+
+class _Line:
+    """One line's labelled children, looked up once per generation instead of per call."""
+
+    __slots__ = ("_hooks", "attempts", "concurrency_limited", "inflight", "labels", "ttft")
+
+    def __init__(self, hooks: MetricsHooks, binding: Binding) -> None:
+        self._hooks = hooks
+        self.labels = labels = binding_labels(binding)
+        self.inflight = hooks._child(hooks._inflight, *labels)
+        self.ttft = hooks._child(hooks._ttft, *labels)
+        #: By outcome, made as outcomes occur (a child is a series in the exposition).
+        self.attempts: dict[Outcome, Any] = {}
+        self.concurrency_limited = "max_concurrency" in binding.options
+
+    def attempt(self, outcome: Outcome) -> Any:
+        found = self.attempts.get(outcome)
+        if found is None:
+            hooks = self._hooks
+            found = self.attempts[outcome] = hooks._child(
+                hooks._attempts, *self.labels, str(outcome)
+            )
+        return found
+
+    def retry(self) -> Any:
+        hooks = self._hooks
+        return hooks._child(hooks._retries, self.labels[0], self.labels[1])
+
+
 class MetricsHooks:
     """Registered as ``metrics.hooks`` for one generation."""
 
@@ -57,30 +90,40 @@ class MetricsHooks:
         # Counted in plain dicts; prometheus-client gets the sums when someone looks.
         self._add = exporter.tally.add
         self._observe = exporter.tally.observe
+        self._lines: dict[str, _Line] = {}
+
+    def _line(self, binding: Binding) -> _Line:
+        found = self._lines.get(binding.id)
+        if found is None:
+            if len(self._lines) >= _LINES_CACHE:
+                self._lines.clear()
+            found = self._lines[binding.id] = _Line(self, binding)
+        return found
 
     # -- per call ------------------------------------------------------------------
 
     @hookimpl
     def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
         binding = attempt.binding
-        labels = binding_labels(binding)
-        self._add(self._child(self._inflight, *labels))
+        line = self._line(binding)
+        self._add(line.inflight)
         attempt.extensions[IN_FLIGHT] = True
-        if "max_concurrency" in binding.options:
+        if line.concurrency_limited:
             self.peaks.change(binding.id, 1)
-        if len(call.attempts) > 1 and call.attempts[-2].binding.id == attempt.binding.id:
-            self._add(self._child(self._retries, labels[0], labels[1]))
+        if len(call.attempts) > 1 and call.attempts[-2].binding.id == binding.id:
+            self._add(line.retry())
 
     @hookimpl
     def prism_on_attempt(self, call: Call, attempt: Attempt) -> None:
         verdict = attempt.verdict
         if verdict is None:
             return
-        labels = binding_labels(attempt.binding)
-        self._add(self._child(self._attempts, *labels, str(verdict.outcome)))
+        line = self._line(attempt.binding)
+        self._add(line.attempt(verdict.outcome))
         if verdict.outcome in _SERVING:
-            if attempt.first_byte_ms is not None:
-                self._observe(self._child(self._ttft, *labels), attempt.first_byte_ms / 1000)
+            first_byte_ms = attempt.first_byte_ms
+            if first_byte_ms is not None:
+                self._observe(line.ttft, first_byte_ms / 1000)
         else:
             self._end(attempt)  # a serving attempt stays in flight until the call settles
 
@@ -117,10 +160,10 @@ class MetricsHooks:
 
     def _end(self, attempt: Attempt) -> None:
         if attempt.extensions.pop(IN_FLIGHT, False):
-            binding = attempt.binding
-            self._add(self._child(self._inflight, *binding_labels(binding)), -1)
-            if "max_concurrency" in binding.options:
-                self.peaks.change(binding.id, -1)
+            line = self._line(attempt.binding)
+            self._add(line.inflight, -1)
+            if line.concurrency_limited:
+                self.peaks.change(attempt.binding.id, -1)
 
     # -- read when asked -------------------------------------------------------------
 
