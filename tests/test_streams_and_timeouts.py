@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import aiohttp
 import openai
@@ -136,6 +137,14 @@ async def test_a_stream_whose_body_ends_late_is_answered_at_once_and_still_poole
     assert first.peer == second.peer
 
 
+def post_stream(session: aiohttp.ClientSession, gw: Any) -> Any:
+    """A streamed chat call to ``gw`` read with plain aiohttp, as bytes arrive."""
+    return session.post(
+        gw.base_url + "/chat/completions",
+        json={"model": "m", "messages": MESSAGES, "stream": True},
+    )
+
+
 async def test_a_stream_gone_silent_after_its_first_content_ends_with_an_error_event(
     prism_fake, prism_gateway, recorder
 ):
@@ -145,10 +154,7 @@ async def test_a_stream_gone_silent_after_its_first_content_ends_with_an_error_e
     )
     started = time.monotonic()
     async with aiohttp.ClientSession() as session, asyncio.timeout(10):
-        async with session.post(
-            gw.base_url + "/chat/completions",
-            json={"model": "m", "messages": MESSAGES, "stream": True},
-        ) as response:
+        async with post_stream(session, gw) as response:
             body = await response.read()
     elapsed = time.monotonic() - started
     assert 0.9 < elapsed < 4
@@ -186,10 +192,7 @@ async def test_a_stream_sends_its_headers_with_its_first_event_not_after_it(
     gw = await prism_gateway(chain_catalog(prism_fake, "steady"))
     started = time.monotonic()
     async with aiohttp.ClientSession() as session, asyncio.timeout(30):
-        async with session.post(
-            gw.base_url + "/chat/completions",
-            json={"model": "m", "messages": MESSAGES, "stream": True},
-        ) as response:
+        async with post_stream(session, gw) as response:
             headers_at = time.monotonic() - started
             first = await response.content.readuntil(b"\n\n")
             first_at = time.monotonic() - started
