@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,13 +30,13 @@ from run import (
     find_wrk,
     format_table,
     free_port,
+    in_scratch,
     measure,
     running_servers,
     server_env,
-    spawn,
     start_bare_proxy,
+    start_prism,
     start_upstream,
-    venv_script,
     wait_ready,
     write_prism_config,
 )
@@ -59,6 +58,54 @@ def old_path(tree: Path) -> str:
     return ":".join(str(part) for part in parts)
 
 
+def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
+    """Serve both builds beside the bare proxy, measure them in one run, print the table."""
+    profiles = ("default", "full") if args.profile == "both" else (args.profile,)
+    cpus = split_cpus()
+    under_test, load = (None, None) if cpus is None else cpus
+    tree = work / "before"
+    worktree(args.revision, tree)
+    try:
+        with running_servers(work) as servers:
+            upstream = free_port()
+            start_upstream(servers, upstream, REPO, load)
+            base = f"http://{HOST}:{upstream}/s/ok/v1"
+            port = free_port()
+            bare = start_bare_proxy(servers, port, base, REPO, under_test)
+            wait_ready(bare, port, "/healthz")
+            url = f"http://{HOST}:{port}/v1/chat/completions"
+            targets = [Target("bare", "bare proxy", url, bare.proc.pid)]
+            for build, pythonpath in (("before", old_path(tree)), ("after", None)):
+                env = server_env()
+                if pythonpath is not None:
+                    env["PYTHONPATH"] = pythonpath
+                for profile in profiles:
+                    name = f"{profile}-{build}"
+                    port = free_port()
+                    here = work / name
+                    here.mkdir()
+                    key = None
+                    if profile == "full":
+                        ini, key = write_full_profile(here, port, base)
+                    else:
+                        ini = write_prism_config(here, port, base)
+                    server = start_prism(servers, name, ini, under_test, env)
+                    wait_ready(server, port, "/readyz")
+                    url = f"http://{HOST}:{port}/v1/chat/completions"
+                    label = f"{profile} {build}"
+                    targets.append(Target(name, label, url, server.proc.pid, key_header=key))
+            results = measure(
+                wrk, targets, args.duration, args.warmup, args.rounds, sys.stdout, load
+            )
+            print(format_table(results))
+            print(f"before = {args.revision}, after = this checkout (uncommitted changes too)")
+    finally:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+            capture_output=True,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("revision", help="the git revision to compare this checkout against")
@@ -71,58 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if wrk is None:
         print("wrk not found (Debian: apt-get install wrk)", file=sys.stderr)
         return 2
-    script = venv_script("prism")
-    prism = [str(script)] if script is not None else [sys.executable, "-m", "prism_proxy.cli"]
-    profiles = ("default", "full") if args.profile == "both" else (args.profile,)
-    cpus = split_cpus()
-    under_test, load = (None, None) if cpus is None else cpus
-    with tempfile.TemporaryDirectory() as scratch:
-        work = Path(scratch)
-        tree = work / "before"
-        worktree(args.revision, tree)
-        try:
-            with running_servers(work) as servers:
-                upstream = free_port()
-                start_upstream(servers, upstream, REPO, load)
-                base = f"http://{HOST}:{upstream}/s/ok/v1"
-                port = free_port()
-                bare = start_bare_proxy(servers, port, base, REPO, under_test)
-                wait_ready(bare, port, "/healthz")
-                url = f"http://{HOST}:{port}/v1/chat/completions"
-                targets = [Target("bare", "bare proxy", url, bare.proc.pid)]
-                for build, pythonpath in (("before", old_path(tree)), ("after", None)):
-                    env = server_env()
-                    if pythonpath is not None:
-                        env["PYTHONPATH"] = pythonpath
-                    for profile in profiles:
-                        name = f"{profile}-{build}"
-                        port = free_port()
-                        here = work / name
-                        here.mkdir()
-                        key = None
-                        if profile == "full":
-                            ini, key = write_full_profile(here, port, base)
-                        else:
-                            ini = write_prism_config(here, port, base)
-                        argv_ = [*prism, "serve", "--config", str(ini)]
-                        log = work / f"{name}.log"
-                        server = spawn(name, argv_, ini.parent, log, env, under_test)
-                        servers.started[name] = server
-                        wait_ready(server, port, "/readyz")
-                        url = f"http://{HOST}:{port}/v1/chat/completions"
-                        label = f"{profile} {build}"
-                        targets.append(Target(name, label, url, server.proc.pid, key_header=key))
-                results = measure(
-                    wrk, targets, args.duration, args.warmup, args.rounds, sys.stdout, load
-                )
-                print(format_table(results))
-                print(f"before = {args.revision}, after = this checkout (uncommitted changes too)")
-        finally:
-            subprocess.run(
-                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                capture_output=True,
-            )
-    return 0
+    return in_scratch("compare", lambda work: compare(args, wrk, work))
 
 
 if __name__ == "__main__":

@@ -159,9 +159,16 @@ class Servers:
         self.started: dict[str, Server] = {}
 
     def start(
-        self, name: str, argv: Sequence[str], cwd: Path, cpus: set[int] | None = None
+        self,
+        name: str,
+        argv: Sequence[str],
+        cwd: Path,
+        cpus: set[int] | None = None,
+        env: dict[str, str] | None = None,
     ) -> Server:
-        server = spawn(name, argv, cwd, self.log_dir / f"{name}.log", server_env(), cpus)
+        """Start ``argv`` as ``name``, in ``server_env()`` unless ``env`` is given."""
+        log = self.log_dir / f"{name}.log"
+        server = spawn(name, argv, cwd, log, env if env is not None else server_env(), cpus)
         self.started[name] = server
         return server
 
@@ -224,6 +231,27 @@ def running_servers(log_dir: Path) -> Iterator[Servers]:
 
 def _raise_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
+
+
+def in_scratch(name: str, work: Callable[[Path], None]) -> int:
+    """Run ``work`` in a scratch directory of its own; the exit status.
+
+    SIGTERM and SIGHUP end it as SystemExit does, so the servers it started
+    are stopped by their ``finally``; Ctrl-C is 130, a ``RuntimeError`` 1
+    (said on stderr, prefixed with ``name``).
+    """
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    signal.signal(signal.SIGHUP, _raise_on_signal)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"prism-{name}-") as tmp:
+            work(Path(tmp))
+    except KeyboardInterrupt:
+        print("\ninterrupted; servers stopped", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def free_port() -> int:
@@ -430,10 +458,16 @@ def write_prism_config(
     return ini
 
 
-def start_prism(servers: Servers, name: str, ini: Path, cpus: set[int] | None = None) -> Server:
+def start_prism(
+    servers: Servers,
+    name: str,
+    ini: Path,
+    cpus: set[int] | None = None,
+    env: dict[str, str] | None = None,
+) -> Server:
     script = venv_script("prism")
     argv = [str(script)] if script is not None else [sys.executable, "-m", "prism_proxy.cli"]
-    return servers.start(name, [*argv, "serve", "--config", str(ini)], ini.parent, cpus)
+    return servers.start(name, [*argv, "serve", "--config", str(ini)], ini.parent, cpus, env)
 
 
 # --------------------------------------------------------------------------- wrk
@@ -902,19 +936,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = "wrk not found: apt-get install wrk (Debian) — or run with --install"
         print(message, file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
     repo = HERE.parent.parent
-    try:
-        with tempfile.TemporaryDirectory(prefix="prism-bench-") as tmp:
-            benchmark(args, wrk, repo, Path(tmp))
-    except KeyboardInterrupt:
-        print("\ninterrupted; servers stopped", file=sys.stderr)
-        return 130
-    except RuntimeError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return in_scratch("bench", lambda scratch: benchmark(args, wrk, repo, scratch))
 
 
 if __name__ == "__main__":

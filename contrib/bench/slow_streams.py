@@ -37,10 +37,8 @@ import math
 import os
 import platform
 import resource
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -57,8 +55,8 @@ from run import (
     MODEL,
     Server,
     Servers,
-    _raise_on_signal,
     free_port,
+    in_scratch,
     running_servers,
     start_bare_proxy,
     start_prism,
@@ -708,17 +706,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             + f". Expect failures beyond about {(soft - BASE_FILES) // 2} streams.",
             file=sys.stderr,
         )
-    signal.signal(signal.SIGTERM, _raise_on_signal)
-    signal.signal(signal.SIGHUP, _raise_on_signal)
-    try:
-        with tempfile.TemporaryDirectory(prefix="prism-slow-streams-") as tmp:
-            results = asyncio.run(benchmark(args, Path(tmp)))
-    except KeyboardInterrupt:
-        print("\ninterrupted; servers stopped", file=sys.stderr)
-        return 130
-    except RuntimeError as exc:
-        print(f"slow_streams: {exc}", file=sys.stderr)
-        return 1
+    results: list[TargetResult] = []
+    status = in_scratch(
+        "slow-streams", lambda scratch: results.extend(asyncio.run(benchmark(args, scratch)))
+    )
+    if status:
+        return status
     print()
     print(format_table(results))
     print()
