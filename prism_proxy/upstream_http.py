@@ -228,9 +228,9 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._broken(aiohttp.ClientPayloadError("the upstream switched protocols"))
+            self.close(aiohttp.ClientPayloadError("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
-            self._broken(aiohttp.ClientPayloadError(f"not an HTTP answer: {exc}"))
+            self.close(aiohttp.ClientPayloadError(f"not an HTTP answer: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -273,8 +273,7 @@ class _Connection(asyncio.Protocol):
         try:
             self.response = WireResponse(self, status, headers)
         except aiohttp.ClientPayloadError as exc:
-            arrived.set_exception(exc)
-            self.close()
+            self.close(exc)
             return
         arrived.set_result(self.response)
 
@@ -290,13 +289,6 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the pool and the response -------------------------------------
 
-    def _broken(self, error: BaseException) -> None:
-        arrived = self._arrived
-        if arrived is not None and not arrived.done():
-            arrived.set_exception(error)
-        if self.response is not None:
-            self.response._fail(error)
-        self.close()
 
     def send(self, data: bytes) -> asyncio.Future[WireResponse]:
         assert self.transport is not None
@@ -322,12 +314,13 @@ class _Connection(asyncio.Protocol):
         else:
             self.pool._put_back(self)
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """Our side ends the connection: whatever it was receiving is abandoned, and
-        anyone still waiting for it is told (the client closing under a call)."""
+        anyone still waiting for it is told, with ``error`` if given (an answer that
+        is not one), else that the connection was closed (the client closing)."""
         response, arrived = self.response, self._arrived
         self.response = self._arrived = None
-        gone = aiohttp.ClientConnectionError("the connection was closed")
+        gone = error or aiohttp.ClientConnectionError("the connection was closed")
         if arrived is not None and not arrived.done():
             arrived.set_exception(gone)
         if response is not None:
