@@ -289,7 +289,6 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the pool and the response -------------------------------------
 
-
     def send(self, data: bytes) -> asyncio.Future[WireResponse]:
         assert self.transport is not None
         self.response = None

@@ -178,6 +178,8 @@ class GroupCommit(abc.ABC):
         #: their rows (PostgreSQL's ``commit_delay``): one fsync for more calls.
         self.commit_delay_s = 0.0
         self._calls_in_flight: Callable[[], int] = lambda: 0
+        #: While a commit waits for more rows: done once every call in flight has queued one.
+        self._enough: asyncio.Future[None] | None = None
 
     def serve(self, generation: Generation, commit_delay_s: float) -> None:
         """Write for ``generation`` now: its telemetry, its calls in flight, its delay."""
@@ -204,8 +206,14 @@ class GroupCommit(abc.ABC):
                 LedgerClosed(f"ledger closed; row for {row.request_id} not written")
             )
             return future
-        self._queue.append((row, future))
+        queue = self._queue
+        queue.append((row, future))
         self._wake.set()
+        enough = self._enough
+        if enough is not None and len(queue) >= min(self._max_batch, self._calls_in_flight()):
+            # Nothing else is on its way: waiting longer would only leave the CPU idle.
+            enough.set_result(None)
+            self._enough = None
         return future
 
     async def _drain(self) -> None:
@@ -214,6 +222,17 @@ class GroupCommit(abc.ABC):
         self._wake.set()
         if self._task is not None:
             await self._task
+
+    async def _gather(self) -> None:
+        """Wait up to ``commit_delay_s`` for the rows of the calls in flight, no longer."""
+        loop = asyncio.get_running_loop()
+        enough = self._enough = loop.create_future()
+        timer = loop.call_later(self.commit_delay_s, _set_once, enough)
+        try:
+            await enough
+        finally:
+            timer.cancel()
+            self._enough = None
 
     async def _run(self) -> None:
         batch: list[tuple[LedgerRow, asyncio.Future[None]]] = []
@@ -231,7 +250,7 @@ class GroupCommit(abc.ABC):
                     and len(self._queue) < min(self._max_batch, self._calls_in_flight())
                 ):
                     # Other calls are on their way to settling: their rows share this commit.
-                    await asyncio.sleep(self.commit_delay_s)
+                    await self._gather()
                 take = min(len(self._queue), self._max_batch)
                 batch = [self._queue.popleft() for _ in range(take)]
                 started = time.perf_counter()
@@ -302,6 +321,11 @@ class LedgerWriter(GroupCommit):
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, _write, conn, tuples
         )
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _settle_all(

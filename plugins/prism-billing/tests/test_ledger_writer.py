@@ -170,6 +170,28 @@ async def test_a_commit_waits_a_moment_for_the_rows_of_calls_still_in_flight(tmp
     assert len(stored(tmp_path / "l.sqlite")) == 9
 
 
+async def test_a_commit_waits_no_longer_than_the_calls_in_flight_take_to_queue(tmp_path):
+    """Once every call in flight has queued its row, the commit goes: nothing else is coming."""
+    import types
+
+    from prism_proxy import Telemetry
+
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    gateway = types.SimpleNamespace(in_flight=3, telemetry=Telemetry())
+    # A delay far beyond the test's patience: only the early commit can finish in time.
+    writer.serve(gateway, 60.0)
+    try:
+        first = writer.record(row("first"))
+        await asyncio.sleep(0)  # the writer starts waiting for the other two rows
+        async with asyncio.timeout(10):
+            await asyncio.gather(first, writer.record(row("second")), writer.record(row("third")))
+        assert writer.counters["billing_commits"] == 1
+    finally:
+        await writer.close()
+    assert len(stored(tmp_path / "l.sqlite")) == 3
+
+
 def test_a_batch_larger_than_one_statement_is_still_one_transaction(tmp_path):
     from prism_billing.ledger import _write, connect
 
