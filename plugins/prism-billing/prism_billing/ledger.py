@@ -210,10 +210,13 @@ class GroupCommit(abc.ABC):
         queue.append((row, future))
         self._wake.set()
         enough = self._enough
-        if enough is not None and len(queue) >= min(self._max_batch, self._calls_in_flight()):
+        if (
+            enough is not None
+            and not enough.done()  # the delay may have run out before the writer resumed
+            and len(queue) >= min(self._max_batch, self._calls_in_flight())
+        ):
             # Nothing else is on its way: waiting longer would only leave the CPU idle.
             enough.set_result(None)
-            self._enough = None
         return future
 
     async def _drain(self) -> None:

@@ -192,6 +192,38 @@ async def test_a_commit_waits_no_longer_than_the_calls_in_flight_take_to_queue(t
     assert len(stored(tmp_path / "l.sqlite")) == 3
 
 
+async def test_a_row_queued_as_the_delay_runs_out_joins_that_commit(tmp_path):
+    """The delay's end and a call's row can land in one turn of the loop, in that order."""
+    import time
+    import types
+
+    from prism_proxy import Telemetry
+
+    loop = asyncio.get_running_loop()
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    # Two calls in flight: the second's row is the last one coming, so it ends the wait.
+    writer.serve(types.SimpleNamespace(in_flight=2, telemetry=Telemetry()), 0.05)
+    try:
+        recorded = [writer.record(row("first"))]
+        for _ in range(20):  # until the writer waits for the others' rows
+            if writer._enough is not None:
+                break
+            await asyncio.sleep(0)
+        assert writer._enough is not None
+        loop.call_later(0.05, lambda: recorded.append(writer.record(row("second"))))
+        # Block the loop past both deadlines: the delay's timer and the row's run in one pass.
+        time.sleep(0.1)
+        async with asyncio.timeout(10):
+            await asyncio.sleep(0.01)
+            assert len(recorded) == 2, "recording the second row failed"
+            await asyncio.gather(*recorded)
+        assert writer.counters["billing_commits"] == 1
+    finally:
+        await writer.close()
+    assert len(stored(tmp_path / "l.sqlite")) == 2
+
+
 def test_a_batch_larger_than_one_statement_is_still_one_transaction(tmp_path):
     from prism_billing.ledger import _write, connect
 
