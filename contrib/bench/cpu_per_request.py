@@ -26,7 +26,7 @@ from pathlib import Path
 
 from proc import cpu_seconds
 from profiles import FULL_PLUGINS, add_profile, write_full_profile
-from run import add_without, write_prism_config
+from run import add_without, fake_upstream_argv, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -75,7 +75,7 @@ async def main(
         routed_dir = Path(scratch) / "routed"
         routed_dir.mkdir()
         routed_config = write_prism_config(routed_dir, ROUTED, upstream_base, routing=True)
-        upstream = start([BIN / "prism-fake-upstream", "--port", str(UPSTREAM)])
+        upstream = start(fake_upstream_argv(UPSTREAM))
         bare = start(
             [
                 sys.executable,

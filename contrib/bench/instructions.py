@@ -32,7 +32,7 @@ from pathlib import Path
 import aiohttp
 from cpu_per_request import forget_shared_state
 from profiles import add_profile, write_full_profile
-from run import add_without, write_prism_config
+from run import add_without, fake_upstream_argv, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -169,7 +169,7 @@ def main(args: argparse.Namespace) -> None:
                 None,
             )
         upstream = subprocess.Popen(
-            [BIN / "prism-fake-upstream", "--port", str(UPSTREAM)],
+            fake_upstream_argv(UPSTREAM),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

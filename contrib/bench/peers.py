@@ -575,12 +575,11 @@ def _demo(
     if shutil.which("wrk") is None:
         log("wrk is not installed (apt-get install -y wrk)")
         return 2
-    fake = Path(sys.executable).parent / "prism-fake-upstream"
     with tempfile.TemporaryDirectory(prefix="prism-peers-") as tmp:
         scratch = Path(tmp)
         up_port = free_port()
         upstream_base = f"http://{HOST}:{up_port}/s/ok/v1"
-        fake_argv = [str(fake), "--host", HOST, "--port", str(up_port)]
+        fake_argv = run.fake_upstream_argv(up_port)
         started = [_spawn("fake-upstream", fake_argv, scratch, server_env({}))]
         try:
             _wait_ready(started[0], up_port, "/s/ok/v1/models", 20.0)

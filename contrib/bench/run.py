@@ -366,13 +366,22 @@ def probe(target: Target) -> str | None:
 # --------------------------------------------------------------------------- starting
 
 
-def start_upstream(servers: Servers, port: int, repo: Path, cpus: set[int] | None = None) -> Server:
+def fake_upstream_argv(port: int, *extra: str) -> list[str]:
+    """The fake upstream as every benchmark runs it: keeping no requests.
+
+    A fake that keeps requests for inspection makes its collector's pauses
+    long (tens of ms here), and each pause stalls every call in flight through
+    the proxy under test: its p99 would measure the fake.
+    """
     script = venv_script("prism-fake-upstream")
     argv = (
         [str(script)] if script is not None else [sys.executable, "-m", "prism_fake_upstream.cli"]
     )
-    argv += ["--host", HOST, "--port", str(port)]
-    server = servers.start("fake-upstream", argv, repo, cpus)
+    return [*argv, "--host", HOST, "--port", str(port), "--max-recorded", "0", *extra]
+
+
+def start_upstream(servers: Servers, port: int, repo: Path, cpus: set[int] | None = None) -> Server:
+    server = servers.start("fake-upstream", fake_upstream_argv(port), repo, cpus)
     wait_ready(server, port, "/s/ok/v1/models")
     return server
 

@@ -55,12 +55,12 @@ from run import (
     MODEL,
     Server,
     Servers,
+    fake_upstream_argv,
     free_port,
     in_scratch,
     running_servers,
     start_bare_proxy,
     start_prism,
-    venv_script,
     wait_ready,
     write_prism_config,
 )
@@ -460,11 +460,7 @@ def start_target(
 
 def start_fake(servers: Servers, port: int, repo: Path) -> Server:
     """The fake upstream, its listen queue raised: a proxy opens thousands of connections."""
-    script = venv_script("prism-fake-upstream")
-    argv = (
-        [str(script)] if script is not None else [sys.executable, "-m", "prism_fake_upstream.cli"]
-    )
-    argv += ["--host", HOST, "--port", str(port), "--backlog", str(FAKE_BACKLOG)]
+    argv = fake_upstream_argv(port, "--backlog", str(FAKE_BACKLOG))
     server = servers.start("fake-upstream", argv, repo)
     wait_ready(server, port, "/s/ok/v1/models")
     return server

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from .recording import MAX_RECORDED
 from .server import FakeUpstream
 
 __all__ = ["main"]
@@ -42,9 +43,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="connections the kernel queues before they are accepted (128; "
         "more for thousands of clients connecting at once)",
     )
+    parser.add_argument(
+        "--max-recorded",
+        type=int,
+        default=MAX_RECORDED,
+        metavar="N",
+        help=f"requests kept per scenario for inspection ({MAX_RECORDED}; counters count "
+        "every request). A benchmark passes 0: kept requests make the collector's pauses "
+        "long, and such a pause stalls every call in flight through the proxy under test",
+    )
     args = parser.parse_args(argv)
+    if args.max_recorded < 0:
+        parser.error("--max-recorded must be 0 or more")
     web.run_app(
-        FakeUpstream().app,
+        FakeUpstream(max_recorded=args.max_recorded).app,
         host=args.host,
         port=args.port,
         backlog=args.backlog,

@@ -36,6 +36,7 @@ class ScenarioLog:
     """Everything the fake remembers about one scenario."""
 
     script: deque[Fault] = attrs.field(factory=deque)
+    #: The latest requests, as many as the registry keeps (the counters count them all).
     records: deque[Recorded] = attrs.field(factory=lambda: deque(maxlen=MAX_RECORDED))
     hits_by_endpoint: dict[str, int] = attrs.field(factory=dict)
     hits: int = 0
@@ -57,13 +58,17 @@ class Registry:
     """All scenarios served by one fake; lives on the app so handlers can reach it."""
 
     logs: dict[str, ScenarioLog] = attrs.field(factory=dict)
+    #: Requests kept per scenario for inspection. A benchmark keeps none: every
+    #: kept request is objects the collector walks, and a fake pausing for its
+    #: collector stalls every call in flight through the proxy under test.
+    max_recorded: int = MAX_RECORDED
     # Scenario names are parsed once; they never change meaning.
     _name_faults: dict[str, Fault] = attrs.field(factory=dict, alias="_name_faults")
 
     def log(self, scenario: str) -> ScenarioLog:
         log = self.logs.get(scenario)
         if log is None:
-            log = self.logs[scenario] = ScenarioLog()
+            log = self.logs[scenario] = ScenarioLog(records=deque(maxlen=self.max_recorded))
         return log
 
     def peek(self, scenario: str) -> ScenarioLog | None:

@@ -17,7 +17,7 @@ from .control import add_control_routes
 from .exchange import ClientGone, Exchange, Route, WireFormat
 from .faults import Fault
 from .openai_wire import DEFAULT_MODELS, openai_wire
-from .recording import REGISTRY_KEY, Recorded, Registry, ScenarioLog
+from .recording import MAX_RECORDED, REGISTRY_KEY, Recorded, Registry, ScenarioLog
 
 __all__ = ["FakeUpstream", "build_app"]
 
@@ -160,8 +160,10 @@ def _url_host(host: str) -> str:
 class FakeUpstream:
     """A fake model provider; one instance serves any number of scenarios."""
 
-    def __init__(self, *, models: Sequence[str] = DEFAULT_MODELS) -> None:
-        self._registry = Registry()
+    def __init__(
+        self, *, models: Sequence[str] = DEFAULT_MODELS, max_recorded: int = MAX_RECORDED
+    ) -> None:
+        self._registry = Registry(max_recorded=max_recorded)
         self._app = build_app(self._registry, [openai_wire(models), anthropic_wire()])
         self._runner: web.AppRunner | None = None
         self._url: str | None = None

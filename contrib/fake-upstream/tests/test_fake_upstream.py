@@ -483,6 +483,26 @@ def test_records_are_bounded_but_hits_exact() -> None:
     assert log.records[0].body == 5
 
 
+async def test_a_fake_keeping_no_requests_still_counts_them() -> None:
+    """``--max-recorded 0``, as the benchmarks run it: hits exact, nothing kept."""
+    async with FakeUpstream(max_recorded=0) as bench_fake, aiohttp.ClientSession() as session:
+        for _ in range(3):
+            async with session.post(
+                f"{bench_fake.base_url('kept')}/chat/completions", json=CHAT
+            ) as response:
+                assert response.status == 200
+        assert bench_fake.hits("kept") == 3
+        assert bench_fake.requests("kept") == []
+
+
+def test_the_command_line_refuses_a_negative_max_recorded(capsys) -> None:
+    from prism_fake_upstream.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--max-recorded", "-1"])
+    assert "--max-recorded" in capsys.readouterr().err
+
+
 async def _send_and_hang_up(url: str, path: str, body: dict[str, Any], after: float) -> None:
     """Send a request on a raw socket and close it without waiting for the answer."""
     host, port = url.removeprefix("http://").split(":")
