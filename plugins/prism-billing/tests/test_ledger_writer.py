@@ -61,6 +61,48 @@ async def test_rows_queued_together_share_one_commit(tmp_path):
     assert len(stored(tmp_path / "l.sqlite")) == 50
 
 
+async def test_every_value_reads_back_as_written_absent_ones_as_null(tmp_path):
+    """None is NULL, flags are 0 and 1, and every other value is itself, in one batch."""
+    from prism_billing.rows import COLUMNS
+
+    full = row(
+        "req_full",
+        stream=True,
+        estimated=True,
+        unpriced=True,
+        usage_suspect=True,
+        error_code="upstream_error",
+        region="eu-west-1",
+        status=502,
+        input_tokens=0,
+        output_tokens=1,
+    )
+    empty = row("req_none", key_id=None, org=None, provider=None, upstream_model=None, status=400)
+    writer = LedgerWriter(tmp_path / "l.sqlite")
+    await writer.start()
+    try:
+        await asyncio.gather(writer.record(full), writer.record(empty))
+    finally:
+        await writer.close()
+    conn = sqlite3.connect(tmp_path / "l.sqlite")
+    try:
+        got = conn.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM ledger ORDER BY request_id"
+        ).fetchall()
+        nulls = conn.execute(
+            "SELECT COUNT(*) FROM ledger WHERE key_id IS NULL AND org IS NULL"
+            " AND error_code IS NULL AND provider IS NULL AND upstream_model IS NULL"
+            " AND region IS NULL"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    expected = [
+        tuple(int(v) if isinstance(v, bool) else v for v in r.as_tuple()) for r in (full, empty)
+    ]
+    assert got == expected
+    assert nulls == 1
+
+
 async def test_the_ledger_is_in_wal_mode_with_full_sync(tmp_path):
     writer = LedgerWriter(tmp_path / "l.sqlite")
     await writer.start()
