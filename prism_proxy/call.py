@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import random
+import time
 from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -244,12 +245,15 @@ class Settlement:
 
 
 def new_id(prefix: str) -> str:
-    """A fresh identifier: ``prefix`` and 96 random bits in hex.
+    """A fresh identifier: ``prefix``, the time in milliseconds and 64 random bits, in hex.
 
     Identifiers need to be unique, not secret; ``random`` draws them without
-    a system call per id (and reseeds itself in a forked child).
+    a system call per id (and reseeds itself in a forked child).  Leading with
+    the time keeps identifiers made close together close in order, so a
+    ledger's index on them grows at its end: a commit of many calls' rows
+    rewrites a page or two of it instead of one page per row.
     """
-    return f"{prefix}{random.getrandbits(96):024x}"
+    return f"{prefix}{time.time_ns() // 1_000_000:012x}{random.getrandbits(64):016x}"
 
 
 @attrs.define(eq=False)

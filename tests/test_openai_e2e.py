@@ -43,6 +43,28 @@ async def test_chat_served_with_prism_headers(prism_fake, prism_gateway, catalog
     assert prism_fake.hits("err500") == 3
 
 
+async def test_request_ids_sort_by_when_calls_arrived(prism_gateway, catalog, monkeypatch):
+    """``req_`` + milliseconds + 64 random bits: a ledger's index on them grows at its end."""
+    import time
+
+    gw = await prism_gateway(catalog)
+    client = gw.openai()
+    now_ms = [1_796_000_000_000]
+    monkeypatch.setattr(time, "time_ns", lambda: now_ms[0] * 1_000_000)
+    ids = []
+    for step in (0, 1, 0, 0, 250):
+        now_ms[0] += step
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat-a", messages=MESSAGES
+        )
+        ids.append(raw.headers["x-prism-request-id"])
+    assert all(len(i) == len("req_") + 28 and int(i[4:], 16) >= 0 for i in ids)
+    assert ids[0][4:16] == f"{1_796_000_000_000:012x}"
+    assert ids[0] < min(ids[1:4]) and max(ids[1:4]) < ids[4]
+    assert len({i[:16] for i in ids[1:4]}) == 1  # one millisecond
+    assert len(set(ids)) == len(ids)  # the same millisecond, told apart by the random part
+
+
 async def test_streaming_chat_relays_chunks_and_hides_usage_unless_asked(
     prism_fake, prism_gateway, catalog, recorder
 ):
