@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS ledger_by_day ON ledger (traffic, day);
 """
-#: Columns that may hold NULL: their rows bind '' for None (see ``_bindable``).
+#: Columns that may hold NULL: their rows bind '' for None (see ``_insert``).
 _NULLABLE = frozenset(
     line.split()[0]
     for line in _SCHEMA.splitlines()
