@@ -9,8 +9,11 @@ by the requests served, and the calls per second wrk saw.  Linux only.
 ``--workers N`` adds ``prism serve --workers N`` (its CPU is the supervisor's
 and every worker's) and, to compare it with, one process with the same
 configuration; both share the breaker's state through prism-redis (``--redis``).
+``--threads`` splits each one-process target's CPU per request between its
+main thread (the event loop) and its other threads (the ledger's writer),
+user and system time apart.
 
-    python contrib/bench/cpu_per_request.py [--duration 4] [--routing] [--workers 2]
+    python contrib/bench/cpu_per_request.py [--duration 4] [--routing] [--workers 2] [--threads]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from proc import cpu_seconds
+from proc import cpu_seconds, thread_times
 from profiles import FULL_PLUGINS, add_profile, write_full_profile
 from run import add_without, fake_upstream_argv, write_prism_config
 
@@ -68,6 +71,7 @@ async def main(
     redis_url: str,
     without: Sequence[str] = (),
     profile: str = "default",
+    threads: bool = False,
 ) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
@@ -135,8 +139,13 @@ async def main(
             for stream in (False, True):
                 for name, process, port, key in targets:
                     before = cpu_seconds(process.pid)
+                    split_before = thread_times(process.pid)
                     served, failed = await load(port, stream, duration, key)
                     spent = cpu_seconds(process.pid) - before
+                    split = [
+                        (after - then) / max(served, 1) * 1e6
+                        for after, then in zip(thread_times(process.pid), split_before, strict=True)
+                    ]
                     kind = "stream    " if stream else "non-stream"
                     each = cpu[name, stream] = spent / max(served, 1) * 1e6
                     rate = served / duration
@@ -145,6 +154,11 @@ async def main(
                         f"{kind} {name:16} {served:6d} requests {rate:7.0f}/s "
                         f"{each:5.0f} us CPU each{errors}"
                     )
+                    if threads and not name.startswith("prism x"):  # one process only
+                        print(
+                            f"{'':28} main thread {split[0]:4.0f} user {split[1]:4.0f} system, "
+                            f"other threads {split[2]:4.0f} user {split[3]:4.0f} system (us each)"
+                        )
             if profile == "full":
                 print("\nmarginal CPU per request (full minus full without the plugin):")
                 for plugin in FULL_PLUGINS:
@@ -195,11 +209,24 @@ def cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
     )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also split each one-process target's CPU between its main and other threads",
+    )
     add_without(parser)
     add_profile(parser, "also Prism with every bundled plugin on, and without each in turn")
     args = parser.parse_args(argv)
     asyncio.run(
-        main(args.duration, args.routing, args.workers, args.redis, args.without[:1], args.profile)
+        main(
+            args.duration,
+            args.routing,
+            args.workers,
+            args.redis,
+            args.without[:1],
+            args.profile,
+            args.threads,
+        )
     )
 
 
