@@ -138,14 +138,12 @@ async def main(
             cpu: dict[tuple[str, bool], float] = {}
             for stream in (False, True):
                 for name, process, port, key in targets:
+                    # Only one-process targets: a supervisor's threads say nothing of its workers'.
+                    split_threads = threads and not name.startswith("prism x")
                     before = cpu_seconds(process.pid)
-                    split_before = thread_times(process.pid)
+                    split_before = thread_times(process.pid) if split_threads else None
                     served, failed = await load(port, stream, duration, key)
                     spent = cpu_seconds(process.pid) - before
-                    split = [
-                        (after - then) / max(served, 1) * 1e6
-                        for after, then in zip(thread_times(process.pid), split_before, strict=True)
-                    ]
                     kind = "stream    " if stream else "non-stream"
                     each = cpu[name, stream] = spent / max(served, 1) * 1e6
                     rate = served / duration
@@ -154,7 +152,13 @@ async def main(
                         f"{kind} {name:16} {served:6d} requests {rate:7.0f}/s "
                         f"{each:5.0f} us CPU each{errors}"
                     )
-                    if threads and not name.startswith("prism x"):  # one process only
+                    if split_before is not None:
+                        split = [
+                            (after - then) / max(served, 1) * 1e6
+                            for after, then in zip(
+                                thread_times(process.pid), split_before, strict=True
+                            )
+                        ]
                         print(
                             f"{'':28} main thread {split[0]:4.0f} user {split[1]:4.0f} system, "
                             f"other threads {split[2]:4.0f} user {split[3]:4.0f} system (us each)"

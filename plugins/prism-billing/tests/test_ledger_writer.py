@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import types
 
 import attrs
 import pytest
@@ -11,7 +12,7 @@ from aiohttp import web
 from prism_billing import LedgerRow, LedgerWriter
 from prism_billing.ledger import LedgerClosed
 
-from prism_proxy import ConfigError, config_from_mapping, create_app
+from prism_proxy import ConfigError, Telemetry, config_from_mapping, create_app
 
 
 def row(request_id: str, **changes: object) -> LedgerRow:
@@ -41,6 +42,11 @@ def row(request_id: str, **changes: object) -> LedgerRow:
         duration_ms=5,
     )
     return attrs.evolve(base, **changes)
+
+
+def calls_in_flight(count: int) -> types.SimpleNamespace:
+    """What a writer serves: a generation with ``count`` calls in flight."""
+    return types.SimpleNamespace(in_flight=count, telemetry=Telemetry())
 
 
 def stored(path) -> list[tuple[str, str]]:
@@ -176,14 +182,10 @@ async def test_a_failed_commit_fails_its_callers_and_the_next_batch_still_commit
 
 
 async def test_a_commit_waits_a_moment_for_the_rows_of_calls_still_in_flight(tmp_path):
-    import types
-
-    from prism_proxy import Telemetry
-
     loop = asyncio.get_running_loop()
     writer = LedgerWriter(tmp_path / "l.sqlite")
     await writer.start()
-    gateway = types.SimpleNamespace(in_flight=4, telemetry=Telemetry())
+    gateway = calls_in_flight(4)
 
     async def staggered(prefix: str, spacing_s: float) -> None:
         async def call(i: int) -> None:
@@ -214,13 +216,9 @@ async def test_a_commit_waits_a_moment_for_the_rows_of_calls_still_in_flight(tmp
 
 async def test_a_commit_waits_no_longer_than_the_calls_in_flight_take_to_queue(tmp_path):
     """Once every call in flight has queued its row, the commit goes: nothing else is coming."""
-    import types
-
-    from prism_proxy import Telemetry
-
     writer = LedgerWriter(tmp_path / "l.sqlite")
     await writer.start()
-    gateway = types.SimpleNamespace(in_flight=3, telemetry=Telemetry())
+    gateway = calls_in_flight(3)
     # A delay far beyond the test's patience: only the early commit can finish in time.
     writer.serve(gateway, 60.0)
     try:
@@ -237,15 +235,12 @@ async def test_a_commit_waits_no_longer_than_the_calls_in_flight_take_to_queue(t
 async def test_a_row_queued_as_the_delay_runs_out_joins_that_commit(tmp_path):
     """The delay's end and a call's row can land in one turn of the loop, in that order."""
     import time
-    import types
-
-    from prism_proxy import Telemetry
 
     loop = asyncio.get_running_loop()
     writer = LedgerWriter(tmp_path / "l.sqlite")
     await writer.start()
     # Two calls in flight: the second's row is the last one coming, so it ends the wait.
-    writer.serve(types.SimpleNamespace(in_flight=2, telemetry=Telemetry()), 0.05)
+    writer.serve(calls_in_flight(2), 0.05)
     try:
         recorded = [writer.record(row("first"))]
         for _ in range(20):  # until the writer waits for the others' rows
