@@ -131,8 +131,10 @@ class BreakerStore(Protocol):
         onto a stored open state still lands, renumbered after the stored
         revision; any other transition is not written.  Either way the later
         transitions of that binding in the batch are dropped and its stored
-        record comes back, for the caller to adopt.  A store with one writer
-        returns nothing.
+        record comes back, for the caller to adopt.  A transition whose record
+        is stored already, exactly, is one of ours that landed though its
+        answer was lost: it counts as landed (no second audit row) and the
+        batch goes on.  A store with one writer returns nothing.
         """
         ...
 

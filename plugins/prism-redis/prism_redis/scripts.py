@@ -39,7 +39,9 @@ end
 #: still lands, renumbered on top of the stored revision, when the stored state
 #: is open too (eligible or suspect: the evidence that tripped it stands);
 #: anything else is refused.  Once one of a binding's transitions is refused or
-#: renumbered its later ones in the batch are dropped.  Returns the stored
+#: renumbered its later ones in the batch are dropped.  A transition whose very
+#: record is stored already (a write that landed though its answer was lost,
+#: sent again) counts as landed, without a second audit row.  Returns the stored
 #: record of every binding whose transitions did not all land as sent.
 RECORD = (
     _AUDIT
@@ -49,8 +51,10 @@ local settled = {}
 local reply = {}
 for i = 3, #ARGV, 5 do
   local binding = ARGV[i]
-  if not settled[binding] then
-    local current = redis.call('HGET', KEYS[1], binding)
+  local current = not settled[binding] and redis.call('HGET', KEYS[1], binding)
+  if current == ARGV[i + 3] then
+    -- Stored already: a write that landed though its answer was lost, sent again.
+  elseif not settled[binding] then
     local revision = tonumber(ARGV[i + 1])
     local record, entry = ARGV[i + 3], ARGV[i + 4]
     local stored = current and cjson.decode(current)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
+import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -179,6 +181,26 @@ class PrivateRedis:
             await until(answers, timeout_s=10)
         finally:
             await client.aclose()
+
+    def pause(self) -> None:
+        """Stop it answering (SIGSTOP): what it is sent waits in its sockets."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    async def audit(self, prefix: str) -> list[dict[str, Any]]:
+        """The breaker's audit rows under ``prefix``, newest first."""
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(self.url, decode_responses=True)
+        try:
+            rows = await client.lrange(f"{prefix}:breaker:audit", 0, -1)
+        finally:
+            await client.aclose()
+        return [json.loads(row.partition("|")[2]) for row in rows]
 
     def kill(self) -> None:
         if self.process is not None:

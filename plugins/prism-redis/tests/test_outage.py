@@ -70,3 +70,37 @@ async def test_a_gateway_starts_while_redis_is_down_and_joins_when_it_answers(
         return await shared_state(a.url) == "ok"
 
     await until(joined, timeout_s=10)
+
+
+async def test_a_write_whose_answer_was_lost_is_not_held_against_the_next_one(
+    prism_fake, fleet, private_redis, prism_redis
+):
+    await private_redis.started()
+    a, b = await fleet(
+        2, two_line_catalog(prism_fake), url=private_redis.url, redis={"timeout_ms": 100}
+    )
+    prism_fake.script("x", [Fault(status=500)] * 3)
+    await chat(a.url)  # one failure: still eligible
+    # Redis stalls: A's write of "suspect" waits in Redis's socket, A gives up on its answer.
+    private_redis.pause()
+    try:
+        await chat(a.url)
+
+        async def a_degraded() -> bool:
+            return await shared_state(a.url) == "degraded"
+
+        await until(a_degraded, timeout_s=5)
+        await chat(a.url)  # the third failure isolates x, while A still thinks its write failed
+        assert await binding_state(a.url, "x/up-x") == "isolated"
+    finally:
+        private_redis.resume()  # Redis now applies that write; A sends it again with the next
+
+    async def isolated_everywhere() -> bool:
+        return [await binding_state(gw.url, "x/up-x") for gw in (a, b)] == ["isolated"] * 2
+
+    await until(isolated_everywhere, timeout_s=10)
+    health = await get_json(b.url, "/prism/health")
+    entry = next(e for e in health["bindings"] if e["binding"] == "x/up-x")
+    assert entry["revision"] == 2
+    rows = await private_redis.audit(prism_redis.prefix)
+    assert [(r["subject"], r["revision"]) for r in rows] == [("x/up-x", 2), ("x/up-x", 1)]
