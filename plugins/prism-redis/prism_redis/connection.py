@@ -3,8 +3,10 @@
 Kept across generations (one per URL and prefix).  Every command has a
 short timeout and no retries: a Redis that does not answer marks the link
 degraded at once, callers fall back to local decisions, and a background
-task pings until it answers again, then tells whoever asked to know (the
-breaker republishes its state so a Redis that restarted empty converges).
+task pings until it answers again, gives back the leases asked for as it
+stopped answering (they may have landed though their answers were lost),
+then tells whoever asked to know (the breaker republishes its state so a
+Redis that restarted empty converges).
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class SharedRedis:
         self._changed: list[Callable[[], None]] = []
         self._back: list[Callable[[], None]] = []
         self._background: set[asyncio.Task[Any]] = set()
+        #: Leases asked for as Redis stopped answering: given back once it answers.
+        self._unsure: list[tuple[str, str]] = []
 
     def connect(self) -> aioredis.Redis:
         """The client (made on first use; making it does no I/O)."""
@@ -130,8 +134,14 @@ class SharedRedis:
         no sooner than ``spacing_s`` after the last one went (Redis's clock decides)."""
         keys = [key, key + ":next"]
         args: list[str | int] = [member, limit, int(lease_s * 1000), int(spacing_s * 1000)]
-        with self.guard(kind):
-            taken = await self.connect().eval(TAKE_LEASE, 2, *keys, *args)
+        try:
+            with self.guard(kind):
+                taken = await self.connect().eval(TAKE_LEASE, 2, *keys, *args)
+        except UNREACHABLE:
+            # It may have landed though its answer was lost: held by nobody, it
+            # would keep a slot from the whole fleet for lease_s.
+            self._unsure.append((key, member))
+            raise
         return bool(taken)
 
     def release(self, kind: str, key: str, member: str) -> None:
@@ -198,6 +208,9 @@ class SharedRedis:
             self.healthy = True
             self.counters["redis_recoveries"] += 1
             log.warning("redis: %s answers again; converging", self.settings.where)
+            unsure, self._unsure = self._unsure, []
+            for key, member in unsure:
+                self.release("unsure_lease_release", key, member)
             for back in self._back:
                 back()
 

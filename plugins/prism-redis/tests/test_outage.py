@@ -104,3 +104,28 @@ async def test_a_write_whose_answer_was_lost_is_not_held_against_the_next_one(
     assert entry["revision"] == 2
     rows = await private_redis.audit(prism_redis.prefix)
     assert [(r["subject"], r["revision"]) for r in rows] == [("x/up-x", 2), ("x/up-x", 1)]
+
+
+async def test_a_lease_whose_answer_was_lost_does_not_keep_the_slot_from_the_fleet(
+    prism_fake, fleet, private_redis
+):
+    await private_redis.started()
+    catalog = two_line_catalog(prism_fake, max_concurrency=1)
+    a, b = await fleet(2, catalog, url=private_redis.url, redis={"timeout_ms": 100})
+    private_redis.pause()
+    try:
+        # A asks Redis for x's one slot; the lease waits in Redis's socket, A gives up
+        # on the answer and counts the call locally.
+        assert (await chat(a.url)).provider == "x"
+    finally:
+        private_redis.resume()  # Redis now grants that lease, to nobody (lease_s: 60 s)
+
+    async def both_ok() -> bool:
+        return [await shared_state(gw.url) for gw in (a, b)] == ["ok", "ok"]
+
+    await until(both_ok, timeout_s=10)
+
+    async def b_gets_the_slot() -> bool:
+        return (await chat(b.url)).provider == "x"
+
+    await until(b_gets_the_slot, timeout_s=5)
