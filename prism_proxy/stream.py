@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import orjson
+import msgspec
 
 from .call import Usage
 from .providers import UpstreamResponse
@@ -32,13 +32,29 @@ PLAIN_EVENT_CHARS = 4
 
 NOT_JSON = "upstream sent an event that is not JSON"
 
+#: Checks that an event is one JSON value without building it: an event
+#: forwarded as it is needs only be JSON, and building each one's objects to
+#: throw them away was most of what looking at a stream cost.  It does not
+#: look into strings' bytes: :func:`_is_utf8` does.
+_VALUE = msgspec.json.Decoder(msgspec.Raw)
+
+
+def _is_utf8(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
 
 def _is_json(data: bytes) -> bool:
     try:
-        orjson.loads(data)
-    except orjson.JSONDecodeError:
+        _VALUE.decode(data)
+    except msgspec.DecodeError:
         return False
-    return True
+    return _is_utf8(data)
 
 
 def _json_events(run: bytes) -> int:
@@ -50,12 +66,13 @@ def _json_events(run: bytes) -> int:
     datas = run[6:-2].split(b"\n\ndata: ")
     if not run.startswith(b"data: ") or run.count(b"\n") != 2 * len(datas):
         return 0
+    decode = _VALUE.decode
     try:
         for data in datas:
-            orjson.loads(data)
-    except orjson.JSONDecodeError:
+            decode(data)
+    except msgspec.DecodeError:
         return 0
-    return len(datas)
+    return len(datas) if _is_utf8(run) else 0
 
 
 class StreamBroken(Exception):

@@ -442,6 +442,13 @@ BAD_EVENTS = [
         b"cut-lie",
         id="cut-chunk",
     ),
+    # A plain content chunk, well formed but for its text's bytes.
+    pytest.param(
+        b'{"id":"c","choices":[{"index":0,"delta":{"content":"bad-\xff"},'
+        b'"logprobs":null,"finish_reason":null}]}',
+        b"bad-\xff",
+        id="plain-chunk-not-utf8",
+    ),
 ]
 
 
