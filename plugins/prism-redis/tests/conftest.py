@@ -116,6 +116,9 @@ def fleet(prism_gateway: Any, prism_redis: RedisUnderTest) -> StartFleet:
                 "url": url or prism_redis.url,
                 "key_prefix": prism_redis.prefix,
                 "sync_s": 0.1,
+                # A busy test machine can hold Redis up for a few hundred ms; only
+                # the tests about outages want one noticed sooner (they say so).
+                "timeout_ms": 1000,
                 **(redis or {}),
             },
             "breaker": {**BREAKER, **(breaker or {})},
