@@ -37,6 +37,9 @@ NOT_JSON = "upstream sent an event that is not JSON"
 #: throw them away was most of what looking at a stream cost.  It does not
 #: look into strings' bytes: :func:`_is_utf8` does.
 _VALUE = msgspec.json.Decoder(msgspec.Raw)
+#: What it raises for an event that is not JSON; a value nested deeper than the
+#: interpreter's recursion limit is not one the caller's parser would take either.
+_NOT_A_VALUE = (msgspec.DecodeError, RecursionError)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -52,7 +55,7 @@ def _is_utf8(data: bytes) -> bool:
 def _is_json(data: bytes) -> bool:
     try:
         _VALUE.decode(data)
-    except msgspec.DecodeError:
+    except _NOT_A_VALUE:
         return False
     return _is_utf8(data)
 
@@ -70,7 +73,7 @@ def _json_events(run: bytes) -> int:
     try:
         for data in datas:
             decode(data)
-    except msgspec.DecodeError:
+    except _NOT_A_VALUE:
         return 0
     return len(datas) if _is_utf8(run) else 0
 

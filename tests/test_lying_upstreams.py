@@ -449,6 +449,8 @@ BAD_EVENTS = [
         b"bad-\xff",
         id="plain-chunk-not-utf8",
     ),
+    # Nested deeper than any parser here follows.
+    pytest.param(b'{"deep":' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"[[[[[[[[", id="too-deep"),
 ]
 
 
@@ -568,6 +570,8 @@ async def test_a_bad_event_after_content_ends_the_stream_with_an_error(
         assert name == "error"
         assert error["type"] == "error"
         assert b"message_stop" not in raw
+    # Found wanting as an event, not as a relay that fell over on it.
+    assert "upstream sent an event that is not JSON" in error["error"]["message"]
     assert prism_fake.hits("healthy") == 0
     row = ledger.only_row(headers["x-prism-request-id"])
     assert (row["outcome"], row["provider"], row["error_code"]) == (
