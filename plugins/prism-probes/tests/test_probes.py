@@ -190,7 +190,8 @@ async def test_the_allowance_stops_probing_until_the_hour_rolls(
 async def test_one_probe_per_interval_across_gateways_sharing_redis(
     prism_fake, prism_gateway, monkeypatch, prism_redis
 ):
-    redis = {"url": prism_redis.url, "key_prefix": prism_redis.prefix}
+    # A second before Redis counts as down: a busy machine's pause is not an outage here.
+    redis = {"url": prism_redis.url, "key_prefix": prism_redis.prefix, "timeout_ms": 1000}
     gateways = [
         await gateway(
             prism_gateway,
@@ -240,7 +241,7 @@ async def test_one_probe_per_interval_across_three_serve_processes(
                 "isolation_s = 600\nrefresh_s = 0.2\n"
                 "[prism:probes]\nenabled = true\ninterval_s = 0.5\nprobe_opens_trial = false\n"
                 f"[prism:redis]\nurl = {prism_redis.url}\nkey_prefix = {prism_redis.prefix}\n"
-                "sync_s = 0.1\n"
+                "sync_s = 0.1\ntimeout_ms = 1000\n"
             )
             log = (tmp_path / f"p{i}.log").open("ab")
             processes.append(await serve_process(ini, port, stderr=log))
