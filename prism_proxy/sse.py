@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 __all__ = ["SSEBuffer", "event_data"]
 
 
@@ -28,7 +26,7 @@ class SSEBuffer:
         if self._cr:
             data = b"\r" + data
             self._cr = False
-        if b"\r" in data:
+        if data.find(b"\r") >= 0:  # memchr; ``in`` first tries the byte as an int
             if data.endswith(b"\r"):
                 # Its \n may be in the next read: decide then, not now.
                 data = data[:-1]
@@ -49,32 +47,23 @@ class SSEBuffer:
         self._pos = end + 2
         return buf[pos : end + 2]
 
-    def take_run(self, first_notable: Callable[[bytes, int, int], int]) -> bytes:
-        """The complete events before the first one ``first_notable`` points into, unsplit.
-
-        ``first_notable(buf, start, end)`` returns where in ``buf[start:end]``
-        the first event worth a closer look may start (-1: none is).
-        """
+    def take_complete(self) -> bytes:
+        """Every complete event buffered, unsplit (empty until one is complete)."""
         buf, pos = self._buf, self._pos
         end = buf.rfind(b"\n\n", pos) + 2
         if end < pos + 2:
             return b""
-        notable = first_notable(buf, pos, end)
-        if notable >= 0:
-            end = buf.rfind(b"\n\n", pos, notable) + 2
-            if end < pos + 2:
-                return b""
         self._pos = end
         return buf[pos:end]
 
     def put_back(self, taken: bytes) -> None:
-        """Undo the last ``take_run`` or ``next_event``, which returned ``taken``."""
+        """Give back the end of what the last ``take_complete`` or ``next_event`` returned."""
         self._pos -= len(taken)
 
 
 def event_data(event: bytes) -> bytes | None:
     """The joined ``data:`` lines of one event, or None for a comment-only event."""
-    if event.startswith(b"data: ") and event.count(b"\n") == 2:
+    if event.startswith(b"data: ") and event.find(b"\n") == len(event) - 2:
         return event[6:-2]
     parts = []
     for line in event.split(b"\n"):

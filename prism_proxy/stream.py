@@ -13,7 +13,6 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import msgspec
 
 from .call import Usage
 from .providers import UpstreamResponse
@@ -25,21 +24,7 @@ from .wire.translate_response import StreamTranslator
 __all__ = ["StreamBroken", "UpstreamStream"]
 
 _READ_ERRORS = (aiohttp.ClientError, OSError)
-#: Characters of answer text assumed per event forwarded whole (about one
-#: token a chunk, four characters a token), for a cut stream's usage estimate.
-PLAIN_EVENT_CHARS = 4
-
-
 NOT_JSON = "upstream sent an event that is not JSON"
-
-#: Checks that an event is one JSON value without building it: an event
-#: forwarded as it is needs only be JSON, and building each one's objects to
-#: throw them away was most of what looking at a stream cost.  It does not
-#: look into strings' bytes: :func:`_is_utf8` does.
-_VALUE = msgspec.json.Decoder(msgspec.Raw)
-#: What it raises for an event that is not JSON; a value nested deeper than the
-#: interpreter's recursion limit is not one the caller's parser would take either.
-_NOT_A_VALUE = (msgspec.DecodeError, RecursionError)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -52,30 +37,21 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
-def _is_json(data: bytes) -> bool:
-    try:
-        _VALUE.decode(data)
-    except _NOT_A_VALUE:
-        return False
-    return _is_utf8(data)
-
-
-def _json_events(run: bytes) -> int:
-    """How many one-line ``data:`` events ``run`` holds, or 0 unless each one is JSON.
+def _data_only(run: bytes) -> list[bytes] | None:
+    """The data of each event in ``run``, or None unless each is one ``data:`` line.
 
     The caller's SSE parser sees exactly these lines: an event with a line
-    more (a JSON value split over lines) is refused here and looked at alone.
+    more (a JSON value split over lines, a comment, an event name) is left
+    to be looked at alone.
     """
+    if not run.startswith(b"data: "):
+        return None
     datas = run[6:-2].split(b"\n\ndata: ")
-    if not run.startswith(b"data: ") or run.count(b"\n") != 2 * len(datas):
-        return 0
-    decode = _VALUE.decode
-    try:
-        for data in datas:
-            decode(data)
-    except _NOT_A_VALUE:
-        return 0
-    return len(datas) if _is_utf8(run) else 0
+    for data in datas:
+        # find looks for one byte with memchr; count (and ``in``) cost far more.
+        if data.find(b"\n") >= 0:
+            return None
+    return datas
 
 
 class StreamBroken(Exception):
@@ -277,21 +253,28 @@ class UpstreamStream:
     def _forward_plain_run(self, out: list[bytes]) -> None:
         """Forward as they are the complete events before the first one worth a look.
 
-        A fast upstream delivers many events per read; only the last few
-        (finish, usage, end) need a closer look, the rest need only be JSON.
-        Each event forwarded this way counts as one token of delivered text
-        for a cut stream's estimate.
+        A fast upstream delivers many events per read, and a slow one a few
+        tokens' worth: most carry only text (or the finish), and need only be
+        seen to be JSON (``wire.plain_run``) to be passed on unbuilt.
         """
         sse = self._sse
-        run = sse.take_run(self.wire.first_notable)
+        run = sse.take_complete()
         if not run:
             return
-        events = _json_events(run)
-        if not events:
+        datas = _data_only(run)
+        count, chars, finish = self.wire.plain_run(datas) if datas is not None else (0, 0, None)
+        if count and datas is not None and count < len(datas):
+            size = sum(map(len, datas[:count])) + 8 * count  # b"data: " + data + b"\n\n"
+            sse.put_back(run[size:])
+            run = run[:size]
+        if not count or not _is_utf8(run):
             sse.put_back(run)  # looked at one by one: a bad one ends the stream
             return
         out.append(run)
-        self.delivered_chars += PLAIN_EVENT_CHARS * events
+        self.delivered_chars += chars
+        if finish is not None:
+            self.finished = True
+            self.finish_reason = finish
 
     def closing(self) -> bytes:
         """What the caller gets after the last upstream event and before the final one."""
@@ -343,8 +326,7 @@ class UpstreamStream:
         (``_broken``).  Forwarding the upstream's own bytes, most events need
         no parsing: a run of plain ones goes out whole.
         """
-        plain = self.wire.plain_text_chars if self.translator is None else None
-        if plain is not None:
+        if self.translator is None:
             self._forward_plain_run(out)
         inspect = self.wire.inspect
         next_event = self._sse.next_event
@@ -354,12 +336,6 @@ class UpstreamStream:
                 if self.translator is None:
                     out.append(event)
                 continue
-            if plain is not None:
-                chars = plain(data)
-                if chars is not None and _is_json(data):
-                    self.delivered_chars += chars
-                    out.append(event)
-                    continue
             kind, payload = inspect(data)
             if kind is ChunkKind.DONE:
                 self.done = True

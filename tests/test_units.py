@@ -38,19 +38,19 @@ def test_sse_crlf_and_multiline_data():
         assert events[1].startswith(b"event: y\n")
 
 
-def test_sse_runs_stop_before_the_first_notable_event_and_at_the_last_whole_one():
-    from prism_proxy.wire.openai import first_notable
-
+def test_sse_takes_every_whole_event_and_gives_back_what_it_is_told():
     content = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
     finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
     stream = content * 3 + finish + content
     for cut in range(1, len(stream)):
         buffer = SSEBuffer()
         buffer.feed(stream[:cut])
-        run = buffer.take_run(first_notable)
+        run = buffer.take_complete()
         last = stream[:cut].rfind(b"\n\n")
-        whole = last + 2 if last >= 0 else 0
-        assert run == stream[: min(whole, len(content) * 3)], cut
+        assert run == stream[: last + 2 if last >= 0 else 0], cut
+        if len(run) > len(content):
+            buffer.put_back(run[len(content) :])  # the first event kept, the rest looked at again
+            run = run[: len(content)]
         rest = _events(buffer, stream[cut:])
         assert run + b"".join(rest) == stream, cut
 
@@ -163,43 +163,39 @@ def test_attempt_log_and_headers_are_single_latin1_lines():
     assert "\n" not in headers["x-prism-provider"]
 
 
-def test_plain_text_chunks_are_recognised_without_parsing_and_nothing_else_is():
-    from prism_proxy.wire.openai import plain_text_chars
+def test_plain_runs_are_text_and_finishes_up_to_the_first_chunk_worth_parsing():
+    from prism_proxy.wire.openai import chunk_kind, digest, plain_run
 
-    plain = (
-        b'{"id":"c","object":"chat.completion.chunk",'
-        b'"choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}],"usage":null}'
+    text = (
+        b'{"id":"c","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":null}],'
+        b'"usage":null}'
     )
-    assert plain_text_chars(plain) == 5
+    spaced = b'{"choices": [{"index": 0, "delta": {"content": "h\\u00e9"}, "finish_reason": null}]}'
+    tool = (
+        b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"{\\"a\\""}}]},"finish_reason":null}]}'
+    )
+    two = b'{"choices":[{"index":0,"delta":{"content":"ab"}},{"index":1,"delta":{"content":"c"}}]}'
+    finish = b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}'
+    plain = [text, spaced, tool, two, finish]
+    assert plain_run(plain) == (5, 5 + 2 + 4 + 3, "stop")
+    # What it counts is what parsing each chunk would have found.
+    for data in plain:
+        kind, payload = chunk_kind(data)
+        assert kind.name in ("CONTENT", "PRELUDE"), data
+        chars, reason = digest(payload)
+        assert plain_run([data]) == (1, chars, reason), data
+    # Anything else ends the run there, whatever follows.
     for other in [
-        b'{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}',
-        b'{"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}',
-        b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null},{"index":1,"delta":{"content":"b"},"finish_reason":null}]}',
-        b'{"choices":[{"index":0,"delta":{"content":"a","tool_calls":[]},"finish_reason":null}]}',
         b'{"choices":[],"usage":{"prompt_tokens":1}}',
-        b'{"choices":[{"index":0,"delta":{"content": "spaced"},"finish_reason": null}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":1}}',
+        b'{"error":{"message":"overloaded"}}',
+        b"[DONE]",
+        b'{"choices":[{"index":0,"delta":{"content":"a"}}]',
+        b'{"choices":[{"index":0,"delta":{"content":5}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"a"}}]} {}',
+        b'{"choices":[null]}',
+        b'{"choices":[{"delta":[]}]}',
+        b'{"choices":[{"delta":{"content":"a"}}],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ]:
-        assert plain_text_chars(other) is None, other
-
-
-def test_plain_runs_are_forwarded_whole_and_the_rest_event_by_event():
-    from prism_proxy.wire.openai import first_notable
-
-    def notable(events: bytes) -> int:
-        return first_notable(events, 0, len(events))
-
-    content = b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n'
-    finish = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-    run = content * 3
-    assert notable(run) == -1
-    assert notable(run + finish) > len(run) - 1
-    assert run.rfind(b"\n\n", 0, notable(run + finish)) + 2 == len(run)
-    assert notable(b"data: [DONE]\n\n") >= 0
-    assert notable(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n') >= 0
-    assert notable(b'data: {"choices":[], "usage": {"prompt_tokens": 1}}\n\n') >= 0
-    assert notable(b'data: {"error":{"message":"x"}}\n\n') >= 0
-    # The earliest marker wins, whichever is searched first.
-    error_then_finish = b'data: {"error":{"message":"x"}}\n\n' + finish
-    assert notable(error_then_finish) < len(b'data: {"error":{"message":"x"}}\n\n')
-    # Only the given range is searched.
-    assert first_notable(run + finish, 0, len(run)) == -1
+        assert plain_run([text, other, text]) == (1, 5, None), other

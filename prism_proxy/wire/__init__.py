@@ -48,10 +48,10 @@ class Wire:
     #: For a content event: (characters of answer text, the finish reason when it
     #: finishes the answer, else None).
     digest: Callable[[Any], tuple[int, str | None]]
-    #: Recognises a plain text content event without parsing it (its text length), or None.
-    plain_text_chars: Callable[[bytes], int | None]
-    #: In ``buf[start:end]``, whole events, where the first one worth parsing may start (-1: none).
-    first_notable: Callable[[bytes, int, int], int]
+    #: Of consecutive events' data, how many lead that a relay forwarding them as
+    #: they are need not parse (text or a finish only), their characters of text,
+    #: and the finish reason the last of them gave.
+    plain_run: Callable[[list[bytes]], tuple[int, int, str | None]]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
     #: Why a 200 body is not an answer of the endpoint (None: it is one, or it is an error).
     answer_problem: Callable[[Endpoint, Any], str | None]
@@ -93,8 +93,7 @@ OPENAI = Wire(
     usage_update=openai.usage_update,
     digest=openai.digest,
     finish_reason=openai.finish_reason,
-    plain_text_chars=openai.plain_text_chars,
-    first_notable=openai.first_notable,
+    plain_run=openai.plain_run,
     estimate_usage=openai.estimate_usage,
     answer_problem=openai.answer_problem,
     answer_chars=openai.answer_chars,
@@ -111,8 +110,7 @@ ANTHROPIC = Wire(
     usage_update=anthropic.usage_update,
     digest=anthropic.digest,
     finish_reason=anthropic.finish_reason,
-    plain_text_chars=lambda data: None,
-    first_notable=lambda buf, start, end: start,
+    plain_run=lambda datas: (0, 0, None),
     estimate_usage=anthropic.estimate_usage,
     answer_problem=anthropic.answer_problem,
     answer_chars=anthropic.answer_chars,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 import orjson
 
 from ..call import Endpoint, Usage, token_count
@@ -210,53 +211,73 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     return ChunkKind.PRELUDE, payload
 
 
-_PLAIN_DELTA = b'"delta":{"content":"'
-_NOT_FINISHED = b'"finish_reason":null'
+class _Function(msgspec.Struct):
+    arguments: str | None = None
 
 
-def plain_text_chars(data: bytes) -> int | None:
-    """For the common chunk (one choice, a text delta, no finish, no usage) its text length.
+class _ToolCall(msgspec.Struct):
+    function: _Function | None = None
 
-    Lets a relay that forwards the upstream's own bytes skip parsing most
-    chunks; anything less plain returns None and is parsed as usual.  The
-    patterns cannot occur inside a JSON string, where quotes are escaped.
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The members of a chunk that decide whether it can be forwarded unparsed."""
+
+    choices: list[_Choice] | None = None
+    usage: Any = None
+
+
+#: Decodes only those members: the rest of each chunk is checked to be JSON and
+#: skipped, so a chunk costs no Python objects but these few.
+_CHUNK = msgspec.json.Decoder(_Chunk)
+#: What it raises for an event that is not one, and for one nested too deep.
+_NOT_A_CHUNK = (msgspec.DecodeError, RecursionError)
+
+
+def plain_run(datas: list[bytes]) -> tuple[int, int, str | None]:
+    """How many of ``datas`` (events' data, in order) lead that are plain chunks,
+    their characters of answer text, and the finish reason the last of them gave.
+
+    A plain chunk is JSON whose choices carry text or finish, and no usage:
+    what a relay forwarding the upstream's own bytes learns from it is what
+    :func:`digest` would, without building the chunk.  Anything else (not
+    JSON, an error, usage, a shape those members do not have) ends the run
+    and is parsed on its own.  Strings' bytes are not checked to be UTF-8.
     """
-    start = data.find(_PLAIN_DELTA)
-    if start < 0 or _NOT_FINISHED not in data or data.count(b'"index":') != 1:
-        return None
-    if b'"usage":{' in data or b'"tool_calls"' in data or b'"refusal":"' in data:
-        return None
-    start += len(_PLAIN_DELTA)
-    end = data.find(b'"}', start)
-    if end <= start:
-        return None  # an empty delta is no content: parse it
-    return end - start
-
-
-#: The usual first notable event (the finish) leads, so the later searches stop short.
-_LOOK_CLOSER = (
-    b'"finish_reason":"',
-    b'"finish_reason": "',
-    b'"usage":{',
-    b'"usage": {',
-    b"[DONE]",
-    b'"error"',
-)
-
-
-def first_notable(buf: bytes, start: int, end: int) -> int:
-    """Where in ``buf[start:end]`` the first event that ends, errs or reports usage may start.
-
-    -1 if none does.  Everything before it can be forwarded as it is,
-    unparsed.  The markers cannot occur inside JSON strings, where quotes are
-    escaped.
-    """
-    first = -1
-    for marker in _LOOK_CLOSER:
-        at = buf.find(marker, start, end)
-        if at >= 0:
-            first = end = at  # a later marker only matters if it comes sooner
-    return first
+    decode = _CHUNK.decode
+    chars = 0
+    count = 0
+    finished: str | None = None
+    try:
+        for data in datas:
+            chunk = decode(data)
+            choices = chunk.choices
+            if not choices or chunk.usage is not None:
+                break
+            for choice in choices:
+                if choice.finish_reason:
+                    finished = _reason(choice.finish_reason)
+                delta = choice.delta
+                if delta is None:
+                    continue
+                if delta.content is not None:
+                    chars += len(delta.content)
+                for call in delta.tool_calls or ():
+                    if call.function is not None and call.function.arguments is not None:
+                        chars += len(call.function.arguments)
+            count += 1
+    except _NOT_A_CHUNK:
+        pass
+    return count, chars, finished
 
 
 def answer_problem(endpoint: Endpoint, payload: Any) -> str | None:
