@@ -442,21 +442,24 @@ class Machine:
         """eligible <-> suspect: some policy is at least half-way to a trip."""
         s = self.settings
         reasons = []
-        if "consecutive" in s.policies and s.consecutive_failures > 1:
+        # Each test starts with what is cheapest and, on a healthy line, false.
+        if b.consecutive and "consecutive" in s.policies and s.consecutive_failures > 1:
             if b.consecutive >= math.ceil(s.consecutive_failures / 2):
                 reasons.append(f"{b.consecutive} consecutive failures")
+        errors = b.errors
         if (
-            "error_rate" in s.policies
-            and b.errors.calls >= math.ceil(s.error_rate_min_calls / 2)
-            and b.errors.rate > s.error_rate
+            errors.failures
+            and "error_rate" in s.policies
+            and errors.calls >= math.ceil(s.error_rate_min_calls / 2)
+            and errors.rate > s.error_rate
         ):
-            reasons.append(f"error rate {b.errors.rate:.0%} on {b.errors.calls} calls")
+            reasons.append(f"error rate {errors.rate:.0%} on {errors.calls} calls")
         if "latency" in s.policies:
             # Half-way as for failures: half the slow samples a trip needs, in one run.
             # One slow answer among fast ones is jitter, not a reason to limit a line.
             half = math.ceil(s.latency_min_slow / 2)
             for kind, track in b.latency.items():
-                if self._judged(kind) and track.slow_count >= half:
+                if track.slow_count >= half and self._judged(kind):
                     reasons.append(
                         f"{kind} latency slow for {track.slow_for(now):.0f} s "
                         f"({track.slow_count} slow answers)"
