@@ -194,7 +194,7 @@ class Machine:
 
     def tick(self, key: str, now: float) -> BindingHealth:
         """The binding, after moving it to trial if its isolation window has ended."""
-        b = self.get(key, now)
+        b = self.bindings.get(key) or self.get(key, now)
         if b.state is State.ISOLATED and (b.isolated_until is None or now >= b.isolated_until):
             self._to_trial(b, "isolation window ended", now)
         return b

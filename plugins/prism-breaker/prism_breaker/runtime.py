@@ -466,12 +466,11 @@ class Breaker:
         if call.traffic != CUSTOMER:
             return  # probes and preflight test a line whatever its state
         now = self.clock()
-        wall_now = self.wall.at(now)
         state = self._call_state(call)
         decided: list[tuple[Binding, str | None, bool]] = []
         admitted = 0
         for binding in route.bindings:
-            reason, hard, token = self._admit(binding, now, wall_now)
+            reason, hard, token = self._admit(binding, now)
             if token is not None:
                 state.trials[binding.id] = token
             decided.append((binding, reason, hard))
@@ -499,11 +498,9 @@ class Breaker:
         if self.machine.outbox:
             self._wake.set()
 
-    def _admit(
-        self, binding: Binding, now: float, wall_now: float
-    ) -> tuple[str | None, bool, int | None]:
+    def _admit(self, binding: Binding, now: float) -> tuple[str | None, bool, int | None]:
         """(why it is skipped or None, whether an operator override decided, trial token)."""
-        held = self._held_by_operator(binding, now, wall_now)
+        held = self._held_by_operator(binding, now)
         if held is not None:
             return held, True, None
         admission = self.machine.admit(binding.id, now)
@@ -581,9 +578,11 @@ class Breaker:
             await self.store.add_override(hold, entry)
             self._pending_overrides.pop(0)
 
-    def _held_by_operator(self, binding: Binding, now: float, wall_now: float) -> str | None:
+    def _held_by_operator(self, binding: Binding, now: float) -> str | None:
         """Why a quarantine or a full cap keeps ``binding`` out right now, or None."""
-        overrides = self.overrides.for_binding(binding, wall_now)
+        if not self.overrides.active:
+            return None  # the usual case: no operator has set any
+        overrides = self.overrides.for_binding(binding, self.wall.at(now))
         for o in overrides:
             if o.kind == "quarantine":
                 return f"breaker: quarantined ({o.id})"
@@ -605,7 +604,7 @@ class Breaker:
         if call.traffic != CUSTOMER:
             return None
         now = self.clock()
-        held = self._held_by_operator(binding, now, self.wall.at(now))
+        held = self._held_by_operator(binding, now)
         if held is not None:
             return held  # overrides win, in a stand-down too
         key = binding.id
@@ -669,7 +668,7 @@ class Breaker:
         # Concurrent calls ran while we waited: the binding may have left its trial
         # (another gateway's trial failed) or an operator's cap may have filled.
         now = self.clock()
-        held = self._held_by_operator(binding, now, self.wall.at(now))
+        held = self._held_by_operator(binding, now)
         health = self.machine.tick(key, now)
         if held is not None or health.state is not State.TRIAL:
             state.trials.pop(key, None)

@@ -151,7 +151,8 @@ class MetricsHooks:
                     self._add(self._child(self._tokens, model, provider, kind), tokens)
 
     def _fallback_kinds(self, call: Call, model: str) -> None:
-        if len({attempt.binding.id for attempt in call.attempts}) > 1:
+        attempts = call.attempts
+        if len(attempts) > 1 and len({attempt.binding.id for attempt in attempts}) > 1:
             self._add(self._child(self._fallbacks, model, "binding"))
         if call.response_headers.get("x-prism-fallback") == "cross-tier":
             self._add(self._child(self._fallbacks, model, "cross_tier"))
