@@ -107,7 +107,7 @@ class AttemptTag:
 
 @attrs.define(eq=False)
 class CallState:
-    """``call.extensions["breaker"]``: trial slots this call holds, and header marks."""
+    """``call.extensions["breaker"]``, once a call holds a trial slot or stands down."""
 
     trials: dict[str, int] = attrs.field(factory=dict)
     marks: list[str] = attrs.field(factory=list)
@@ -466,13 +466,12 @@ class Breaker:
         if call.traffic != CUSTOMER:
             return  # probes and preflight test a line whatever its state
         now = self.clock()
-        state = self._call_state(call)
         decided: list[tuple[Binding, str | None, bool]] = []
         admitted = 0
         for binding in route.bindings:
             reason, hard, token = self._admit(binding, now)
             if token is not None:
-                state.trials[binding.id] = token
+                self._call_state(call).trials[binding.id] = token
             decided.append((binding, reason, hard))
             admitted += reason is None
         if admitted == len(decided):
@@ -487,6 +486,7 @@ class Breaker:
             route.bindings = tuple(b for b, _, hard in decided if not hard)
             route.skipped.extend((b, reason) for b, reason, hard in decided if hard and reason)
             route.notes.append("breaker: every binding is out; standing down, trying them all")
+            state = self._call_state(call)
             state.stand_down.update(b.id for b in route.bindings)
             if "stand-down" not in state.marks:
                 state.marks.append("stand-down")
@@ -608,25 +608,26 @@ class Breaker:
         if held is not None:
             return held  # overrides win, in a stand-down too
         key = binding.id
-        state = self._call_state(call)
-        # Dispatch retries a binding straight after its failed attempt, with no other
-        # attempt in between: the call's last attempt being on it is what a retry is.
-        retry = bool(call.attempts) and call.attempts[-1].binding.id == key
-        if not retry:
-            if key in state.trials and self.machine.tick(key, now).state is State.TRIAL:
-                # The trial slot reserved when the route was chosen.
-                return self._fleet_trial(call, binding, state.trials[key])
-            if key in state.stand_down:
-                return None  # a stand-down tries each binding once, whatever its state
-        stale = state.trials.pop(key, None)
-        if stale is not None:  # the trial it was reserved for has ended
-            self._release_trial(key, stale)
+        state = self._state_of(call)
+        if state is not None:
+            # Dispatch retries a binding straight after its failed attempt, with no other
+            # attempt in between: the call's last attempt being on it is what a retry is.
+            retry = bool(call.attempts) and call.attempts[-1].binding.id == key
+            if not retry:
+                if key in state.trials and self.machine.tick(key, now).state is State.TRIAL:
+                    # The trial slot reserved when the route was chosen.
+                    return self._fleet_trial(call, binding, state.trials[key])
+                if key in state.stand_down:
+                    return None  # a stand-down tries each binding once, whatever its state
+            stale = state.trials.pop(key, None)
+            if stale is not None:  # the trial it was reserved for has ended
+                self._release_trial(key, stale)
         # The routing rule again, now: an isolated binding (the failure just before
         # this retry may have isolated it, or a trial just failed) is not tried, and
         # an attempt on a binding in trial needs a trial slot of its own.
         admission = self.machine.admit(key, now)
         if admission.trial_token is not None:
-            state.trials[key] = admission.trial_token
+            self._call_state(call).trials[key] = admission.trial_token
         if self.machine.outbox:
             self._wake.set()
         if not admission.admitted:
@@ -684,11 +685,11 @@ class Breaker:
     def attempt_start(self, call: Call, attempt: Attempt) -> None:
         key = attempt.binding.id
         health = self.machine.tick(key, self.clock())
-        state = self._call_state(call)
-        token = state.trials.pop(key, None)
+        state = self._state_of(call)
+        token = None if state is None else state.trials.pop(key, None)
         attempt.extensions["breaker"] = AttemptTag(health.revision, str(health.state), token)
         health.in_flight += 1
-        if token is not None:
+        if state is not None and token is not None:
             mark = f"trial {key}"
             if mark not in state.marks:
                 state.marks.append(mark)
@@ -731,7 +732,8 @@ class Breaker:
     def _end_attempt(self, key: str, tag: AttemptTag) -> None:
         if tag.in_flight:
             tag.in_flight = False
-            self.machine.get(key, self.clock()).in_flight -= 1
+            health = self.machine.bindings.get(key) or self.machine.get(key, self.clock())
+            health.in_flight -= 1
         if tag.trial_token is not None:
             self._release_trial(key, tag.trial_token)
             tag.trial_token = None
@@ -749,6 +751,12 @@ class Breaker:
             streaming=call.stream,
             first_byte_ms=attempt.first_byte_ms,
         )
+
+    @staticmethod
+    def _state_of(call: Call) -> CallState | None:
+        """The call's state, if it needed one: most calls hold no trial and never stand down."""
+        state = call.extensions.get("breaker")
+        return state if isinstance(state, CallState) else None
 
     @staticmethod
     def _call_state(call: Call) -> CallState:
