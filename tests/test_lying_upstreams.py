@@ -398,12 +398,9 @@ def _assert_billed_at_the_estimate(ledger: Ledger, headers: Any, wire: str, stre
     row = ledger.only_row(headers["x-prism-request-id"])
     assert (row["outcome"], row["provider"]) == ("ok", "only")
     assert (row["usage_suspect"], row["estimated"]) == (1, 1)
-    # Prism's estimate from the delivered text, about four characters a token ...
-    if wire == "openai" and stream:
-        # ... where the plain chunks Prism forwards unparsed count a token each.
-        assert PIECES <= row["output_tokens"] <= TEXT_ESTIMATE
-    else:
-        assert row["output_tokens"] == TEXT_ESTIMATE
+    # Prism's estimate from the delivered text, about four characters a token: the
+    # text chunks a stream forwards unparsed are counted exactly all the same.
+    assert row["output_tokens"] == TEXT_ESTIMATE
     # The prompt: the upstream's report (when only the output was a lie) or the estimate.
     assert row["input_tokens"] in (2, PROMPT_ESTIMATE)
     cost = expected_cost(PRICE_SECOND, row["input_tokens"], row["output_tokens"])
