@@ -251,7 +251,7 @@ def plain_run(datas: list[bytes]) -> tuple[int, int, str | None]:
     what a relay forwarding the upstream's own bytes learns from it is what
     :func:`digest` would, without building the chunk.  Anything else (not
     JSON, an error, usage, a shape those members do not have) ends the run
-    and is parsed on its own.  Strings' bytes are not checked to be UTF-8.
+    and is parsed on its own.  The strings it skips are not checked to be UTF-8.
     """
     decode = _CHUNK.decode
     chars = 0
