@@ -101,18 +101,16 @@ def direct_caller(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
     if any(impl.hookwrapper or impl.kwargnames for impl in impls):
         return caller
     firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
-    # pluggy calls the list it keeps from its end: that is the order to keep.
-    ordered = [(impl.function, tuple(impl.argnames)) for impl in reversed(impls)]
-    if any(impl.wrapper for impl in impls):
-        wrapped = [(i.function, tuple(i.argnames), i.wrapper) for i in reversed(impls)]
-        return _wrapped(wrapped, firstresult)
-    if any(name.startswith("_") for _, names in ordered for name in names):
+    # pluggy calls the list it keeps from its end (wrappers, kept last, come
+    # first): that is the order to keep.
+    ordered = [(impl.function, tuple(impl.argnames), impl.wrapper) for impl in reversed(impls)]
+    if any(name.startswith("_") for _, names, _ in ordered for name in names):
         return caller  # such a name could shadow the compiled function's own
     return _compiled(ordered, firstresult)
 
 
 def _compiled(
-    ordered: Sequence[tuple[Callable[..., Any], tuple[str, ...]]], first: bool
+    ordered: Sequence[tuple[Callable[..., Any], tuple[str, ...], bool]], first: bool
 ) -> Callable[..., Any]:
     """One function that calls each implementation with its own arguments, in order.
 
@@ -120,25 +118,50 @@ def _compiled(
     what the implementations cost: no argument lists built per implementation.
     Argument names are the implementations' parameters, so valid identifiers;
     the function's own names start with ``_``, and a hook with such an
-    argument goes through pluggy instead.
+    argument goes through pluggy instead.  ``wrapper=True`` generators run
+    first and are resumed with the result (or the exception) last, as
+    pluggy's multicall does (:func:`_unwind`).
     """
-    namespace: dict[str, Any] = {}
-    used = list(dict.fromkeys(name for _, names in ordered for name in names))
+    namespace: dict[str, Any] = {"_MISSING": _MISSING, "_unwind": _unwind}
+    used = list(dict.fromkeys(name for _, names, _ in ordered for name in names))
     params = ", ".join([*(f"{name}=_MISSING" for name in used), "**_others"])
     lines = [f"def hook(*, {params}):"]
     lines += [f"    if {name} is _MISSING: raise KeyError({name!r})" for name in used]
-    if not first:
-        lines.append("    _results = []")
-    for index, (function, names) in enumerate(ordered):
+    wrappers = [(i, names) for i, (_, names, wrapper) in enumerate(ordered) if wrapper]
+    plain = [(i, names) for i, (_, names, wrapper) in enumerate(ordered) if not wrapper]
+    for index, (function, _, _) in enumerate(ordered):
         namespace[f"_f{index}"] = function
-        lines.append(f"    _r = _f{index}({', '.join(names)})")
-        lines.append(
-            "    if _r is not None: return _r"
-            if first
-            else "    if _r is not None: _results.append(_r)"
-        )
-    lines.append("    return None" if first else "    return _results")
-    namespace["_MISSING"] = _MISSING
+    body = []
+    for index, names in wrappers:
+        body += [
+            f"_w = _f{index}({', '.join(names)})",
+            "try:",
+            "    next(_w)",
+            "except StopIteration:",
+            f"    raise RuntimeError('wrapper ' + _f{index}.__qualname__ + ' did not yield')"
+            " from None",
+            "_teardowns.append(_w)",
+        ]
+    if first:
+        # The first answer that is not None; later implementations are not called.
+        body.append("_result = None")
+        for index, names in plain:
+            body.append(f"if _result is None: _result = _f{index}({', '.join(names)})")
+    else:
+        body.append("_result = []")
+        for index, names in plain:
+            body.append(f"_r = _f{index}({', '.join(names)})")
+            body.append("if _r is not None: _result.append(_r)")
+    if wrappers:
+        lines.append("    _teardowns = []")
+        lines.append("    try:")
+        lines += [f"        {line}" for line in body]
+        lines.append("    except BaseException as _exc:")
+        lines.append("        return _unwind(_teardowns, None, _exc)")
+        lines.append("    return _unwind(_teardowns, _result, None)")
+    else:
+        lines += [f"    {line}" for line in body]
+        lines.append("    return _result")
     exec("\n".join(lines), namespace)
     hook: Callable[..., Any] = namespace["hook"]
     return hook
@@ -147,51 +170,27 @@ def _compiled(
 _MISSING = object()
 
 
-def _wrapped(
-    ordered: Sequence[tuple[Callable[..., Any], tuple[str, ...], bool]], firstresult: bool
-) -> Callable[..., Any]:
-    """pluggy's multicall for plain implementations and ``wrapper=True`` generators."""
-
-    def call(**kwargs: Any) -> Any:
-        results: list[Any] = []
-        teardowns: list[Generator[None, Any, Any]] = []
-        exception: BaseException | None = None
+def _unwind(
+    teardowns: list[Generator[None, Any, Any]], result: Any, exception: BaseException | None
+) -> Any:
+    """Resume the ``wrapper=True`` generators, innermost first, as pluggy does."""
+    for teardown in reversed(teardowns):
         try:
-            for function, names, wrapper in ordered:
-                outcome = function(*[kwargs[name] for name in names])
-                if wrapper:
-                    try:
-                        next(outcome)
-                    except StopIteration:
-                        message = f"wrapper {function.__qualname__} did not yield"
-                        raise RuntimeError(message) from None
-                    teardowns.append(outcome)
-                elif outcome is not None:
-                    results.append(outcome)
-                    if firstresult:
-                        break
+            if exception is not None:
+                teardown.throw(exception)
+            else:
+                teardown.send(result)
+            teardown.close()
+        except StopIteration as stop:
+            result, exception = stop.value, None
+            continue
         except BaseException as exc:
             exception = exc
-        result: Any = (results[0] if results else None) if firstresult else results
-        for teardown in reversed(teardowns):
-            try:
-                if exception is not None:
-                    teardown.throw(exception)
-                else:
-                    teardown.send(result)
-                teardown.close()
-            except StopIteration as stop:
-                result, exception = stop.value, None
-                continue
-            except BaseException as exc:
-                exception = exc
-                continue
-            exception = RuntimeError(f"wrapper {teardown.__qualname__} has a second yield")
-        if exception is not None:
-            raise exception
-        return result
-
-    return call
+            continue
+        exception = RuntimeError(f"wrapper {teardown.__qualname__} has a second yield")
+    if exception is not None:
+        raise exception
+    return result
 
 
 def _traced(caller: pluggy.HookCaller) -> Callable[..., Any] | None:
