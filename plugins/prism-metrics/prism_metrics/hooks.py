@@ -67,6 +67,33 @@ class _Line:
         return hooks._child(hooks._retries, self.labels[0], self.labels[1])
 
 
+class _Settled:
+    """The children one kind of settled call counts in, looked up once per generation."""
+
+    __slots__ = ("_hooks", "_token_labels", "duration", "requests", "rule", "tokens")
+
+    def __init__(
+        self, hooks: MetricsHooks, labels: list[str], model: str, route: str, provider: str
+    ) -> None:
+        self._hooks = hooks
+        self.requests = hooks._child(hooks._requests, *labels)
+        self.duration = hooks._child(hooks._duration, labels[0], model)
+        self.rule = (
+            None if route in ("default", "none") else hooks._child(hooks._rules, model, route)
+        )
+        self._token_labels = (model, provider)
+        #: By token kind, made when a call first uses that kind (a child is a series).
+        self.tokens: list[Any] = [None] * len(_TOKEN_KINDS)
+
+    def token(self, index: int) -> Any:
+        found = self.tokens[index]
+        if found is None:
+            hooks = self._hooks
+            kind = _TOKEN_KINDS[index][0]
+            found = self.tokens[index] = hooks._child(hooks._tokens, *self._token_labels, kind)
+        return found
+
+
 class MetricsHooks:
     """Registered as ``metrics.hooks`` for one generation."""
 
@@ -91,6 +118,7 @@ class MetricsHooks:
         self._add = exporter.tally.add
         self._observe = exporter.tally.observe
         self._lines: dict[str, _Line] = {}
+        self._settled: dict[tuple[Any, ...], _Settled] = {}
 
     def _line(self, binding: Binding) -> _Line:
         found = self._lines.get(binding.id)
@@ -132,23 +160,42 @@ class MetricsHooks:
         for attempt in call.attempts:
             self._end(attempt)
         model = call.model.name if call.model is not None else "unknown"
-        endpoint = str(call.endpoint)
         route = call.route.name if call.route is not None else "none"
-        labels = [endpoint, model, route, settlement.outcome, settlement.error_code or ""]
-        if self.exporter.org_label:
-            labels.append(call.principal.org or "")
-        self._add(self._child(self._requests, *labels))
-        self._observe(self._child(self._duration, endpoint, model), self.clock() - call.received_at)
-        if route not in ("default", "none"):
-            self._add(self._child(self._rules, model, route))
-        self._fallback_kinds(call, model)
         usage, served = settlement.usage, settlement.served
+        provider = served.binding.provider if served is not None else ""
+        org = call.principal.org or "" if self.exporter.org_label else None
+        key = (
+            call.endpoint,
+            model,
+            route,
+            settlement.outcome,
+            settlement.error_code,
+            org,
+            provider,
+        )
+        settled = self._settled.get(key)
+        if settled is None:
+            settled = self._settled_as(key, model, route, provider)
+        self._add(settled.requests)
+        self._observe(settled.duration, self.clock() - call.received_at)
+        if settled.rule is not None:
+            self._add(settled.rule)
+        self._fallback_kinds(call, model)
         if usage is not None and served is not None:
-            for kind, field in _TOKEN_KINDS:
+            for index, (_, field) in enumerate(_TOKEN_KINDS):
                 tokens = getattr(usage, field)
                 if tokens:
-                    provider = served.binding.provider
-                    self._add(self._child(self._tokens, model, provider, kind), tokens)
+                    self._add(settled.token(index), tokens)
+
+    def _settled_as(self, key: tuple[Any, ...], model: str, route: str, provider: str) -> _Settled:
+        endpoint, _, _, outcome, code, org, _ = key
+        labels = [str(endpoint), model, route, outcome, code or ""]
+        if org is not None:
+            labels.append(org)
+        if len(self._settled) >= _LINES_CACHE:
+            self._settled.clear()
+        settled = self._settled[key] = _Settled(self, labels, model, route, provider)
+        return settled
 
     def _fallback_kinds(self, call: Call, model: str) -> None:
         attempts = call.attempts
