@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random as random_module
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import attrs
@@ -465,6 +465,8 @@ class Breaker:
         """Filter ``route`` in place: skip what is out, stand down when everything is."""
         if call.traffic != CUSTOMER:
             return  # probes and preflight test a line whatever its state
+        if self._all_simply_in(route.bindings):
+            return  # the common case: nothing to skip, reserve or hold
         now = self.clock()
         decided: list[tuple[Binding, str | None, bool]] = []
         admitted = 0
@@ -497,6 +499,25 @@ class Breaker:
             route.skipped.extend((b, reason) for b, reason, _ in decided if reason is not None)
         if self.machine.outbox:
             self._wake.set()
+
+    def _all_simply_in(self, bindings: Iterable[Binding]) -> bool:
+        """Whether every one of ``bindings`` is eligible, past any ramp, under no override:
+        what :meth:`_admit` would find, found without it."""
+        if self.overrides.active:
+            return False
+        health = self.machine.bindings
+        ramp_s = self.settings.ramp_s
+        now: float | None = None
+        for binding in bindings:
+            h = health.get(binding.id)
+            if h is None or h.state is not State.ELIGIBLE:
+                return False
+            if h.restored_at is not None and ramp_s > 0:
+                if now is None:
+                    now = self.clock()
+                if now - h.restored_at < ramp_s:
+                    return False
+        return True
 
     def _admit(self, binding: Binding, now: float) -> tuple[str | None, bool, int | None]:
         """(why it is skipped or None, whether an operator override decided, trial token)."""
@@ -603,6 +624,10 @@ class Breaker:
         """
         if call.traffic != CUSTOMER:
             return None
+        if not self.overrides.active and self._state_of(call) is None:
+            h = self.machine.bindings.get(binding.id)
+            if h is not None and h.state is State.ELIGIBLE:
+                return None  # the common case: no trial, stand-down or override to weigh
         now = self.clock()
         held = self._held_by_operator(binding, now)
         if held is not None:
