@@ -181,6 +181,10 @@ class UpstreamResult:
     #: a stream event that is not JSON): the core judges such an attempt a
     #: failure itself, before any classifier is asked.
     malformed: str | None = None
+    #: For a stream: the wire saw, without parsing it, that the committing event
+    #: is a plain chunk of answer text (no error, usage or finish); ``json``
+    #: parses it only when asked.
+    plain_commit: bool = False
 
     @cached_property
     def json(self) -> Any:

@@ -261,7 +261,7 @@ async def _attempt(
     stream: UpstreamStream | None = None
     try:
         try:
-            async with asyncio.timeout(timeout):
+            with gen.deadlines.within(timeout):
                 response = await provider.send(call, binding, prepared.endpoint, prepared.body)
                 attempt.status = response.status
                 if response.status == 200 and call.stream:
@@ -280,8 +280,10 @@ async def _attempt(
                         stream_broken=broken,
                         streaming=True,
                         wire=provider.wire,
+                        plain_commit=stream.plain_commit,
                     )
-                    result.json = payload  # parsed already: classifiers need not again
+                    if not stream.plain_commit:
+                        result.json = payload  # parsed already: classifiers need not again
                     result.malformed = stream.invalid
                 else:
                     body = await response.read()

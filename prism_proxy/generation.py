@@ -31,6 +31,7 @@ import pluggy
 from .capacity import Capacity
 from .catalog import Binding, Catalog, load_catalog
 from .config import Config
+from .deadlines import Deadlines
 from .errors import ConfigError
 from .hotpath import TRACE_ENV, Hooks, trace_hooks
 from .orgs import OrgSetting
@@ -136,6 +137,8 @@ class Generation:
     org_settings: dict[str, OrgSetting] = attrs.field(factory=dict)
     #: Capacity slots of lines with ``max_concurrency``, kept across generations.
     capacity: Capacity = attrs.field(factory=Capacity)
+    #: The attempts' deadlines (one loop timer per tenth of a second, not one per attempt).
+    deadlines: Deadlines = attrs.field(factory=Deadlines)
     #: Where plugins report measurements (a metrics plugin replaces the core's no-op).
     telemetry: Telemetry = attrs.field(factory=Telemetry)
     #: How the gateway reaches itself (shared by its generations).

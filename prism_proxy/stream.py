@@ -80,6 +80,7 @@ class UpstreamStream:
         "idle_timeout",
         "invalid",
         "pending",
+        "plain_commit",
         "response",
         "translator",
         "usage",
@@ -113,6 +114,8 @@ class UpstreamStream:
         self.done = False
         #: Why the stream broke before its commit point with an event that is not JSON.
         self.invalid: str | None = None
+        #: The committing event is a plain chunk of text, judged without parsing it.
+        self.plain_commit = False
         #: After the commit point, the longest silence tolerated between reads.
         self.idle_timeout = idle_timeout
         #: Loop time a read after the commit point started waiting (None: not waiting).
@@ -132,11 +135,15 @@ class UpstreamStream:
         """Read up to the commit point.
 
         Returns ``(data, payload, broken)``: the data of the committing event
-        (or of an error event sent before any content), its parsed payload,
-        and whether the stream broke before content (``invalid`` then says
-        so when it broke on an event that is not JSON).
+        (or of an error event sent before any content), its parsed payload
+        (None when ``plain_commit``: nothing in it needed parsing), and
+        whether the stream broke before content (``invalid`` then says so
+        when it broke on an event that is not JSON).
         """
         sse = self._sse
+        # Forwarding the upstream's own bytes, a role prelude and the first text
+        # need not be built: ``wire.plain_run`` sees what they are.
+        plain = self.wire.plain_run if self.translator is None else None
         while True:
             event = sse.next_event()
             if event is None:
@@ -148,6 +155,16 @@ class UpstreamStream:
             data = event_data(event)
             if data is None:
                 continue
+            if plain is not None:
+                count, chars, finish, first = plain([data])
+                # A chunk that finishes may be an empty answer: classifiers see it parsed.
+                if count and finish is None and _is_utf8(data):
+                    self.pending.append(event)
+                    if first < 0:
+                        continue
+                    self.delivered_chars += chars
+                    self.plain_commit = True
+                    return data, None, False
             kind, payload = self.wire.inspect(data)
             if kind is ChunkKind.ERROR:
                 return data, payload, False
@@ -262,8 +279,11 @@ class UpstreamStream:
         if not run:
             return
         datas = _data_only(run)
-        count, chars, finish = self.wire.plain_run(datas) if datas is not None else (0, 0, None)
-        if count and datas is not None and count < len(datas):
+        if datas is None:
+            sse.put_back(run)
+            return
+        count, chars, finish, _ = self.wire.plain_run(datas)
+        if count and count < len(datas):
             size = sum(map(len, datas[:count])) + 8 * count  # b"data: " + data + b"\n\n"
             sse.put_back(run[size:])
             run = run[:size]

@@ -107,6 +107,39 @@ async def test_empty_completion_is_flagged(prism_fake, prism_gateway, stream):
     assert raw.headers["x-prism-attempt-log"].startswith("empty/up-empty empty 200")
 
 
+async def test_a_classifier_judges_a_stream_by_its_committing_chunk(prism_fake, prism_gateway):
+    """The relay forwards plain text chunks without building them; a classifier that
+    asks for the committing chunk still gets it parsed, and its verdict stands."""
+    from prism_proxy import Outcome, Verdict, hookimpl
+
+    seen = []
+
+    class NoGreetings:
+        @hookimpl(tryfirst=True)
+        def prism_classify(self, call, attempt, result):
+            if not result.streaming or result.status != 200:
+                return None
+            delta = result.json["choices"][0]["delta"]
+            seen.append((attempt.binding.provider, delta))
+            if attempt.binding.provider == "greeter" and delta.get("content") == "Hello":
+                return Verdict(Outcome.PERMANENT, "greetings are not answers")
+            return None
+
+    gw = await prism_gateway(
+        chain_catalog(prism_fake, "greeter", "ok"), plugins=[(NoGreetings(), "no-greetings")]
+    )
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, stream=True
+    )
+    chunks = [chunk async for chunk in raw.parse()]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello from up-ok. This is the fake upstream answering."
+    assert raw.headers["x-prism-provider"] == "ok"
+    assert raw.headers["x-prism-attempt-log"].startswith("greeter/up-greeter permanent 200")
+    # Each line's first text chunk, as the upstream sent it (the role chunk came before).
+    assert seen == [("greeter", {"content": "Hello"}), ("ok", {"content": "Hello"})]
+
+
 async def test_calls_share_one_pooled_upstream_connection(prism_fake, prism_gateway):
     gw = await prism_gateway(chain_catalog(prism_fake, "ok"))
     client = gw.openai()

@@ -177,14 +177,20 @@ def test_plain_runs_are_text_and_finishes_up_to_the_first_chunk_worth_parsing():
     )
     two = b'{"choices":[{"index":0,"delta":{"content":"ab"}},{"index":1,"delta":{"content":"c"}}]}'
     finish = b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}'
-    plain = [text, spaced, tool, two, finish]
-    assert plain_run(plain) == (5, 5 + 2 + 4 + 3, "stop")
-    # What it counts is what parsing each chunk would have found.
+    role = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null}}]}'
+    refusal = b'{"choices":[{"index":0,"delta":{"refusal":"I cannot"}}]}'
+    legacy = b'{"choices":[{"index":0,"delta":{"function_call":{"name":"f"}}}]}'
+    empty_call = b'{"choices":[{"index":0,"delta":{"function_call":{}}}]}'
+    plain = [role, text, spaced, tool, two, refusal, legacy, empty_call, finish]
+    assert plain_run(plain) == (9, 5 + 2 + 4 + 3, "stop", 1)
+    assert plain_run([role, empty_call, refusal]) == (3, 0, None, 2)
+    # What it finds is what parsing each chunk would have: its kind, text and finish.
     for data in plain:
         kind, payload = chunk_kind(data)
         assert kind.name in ("CONTENT", "PRELUDE"), data
-        chars, reason = digest(payload)
-        assert plain_run([data]) == (1, chars, reason), data
+        chars, reason = digest(payload) if kind.name == "CONTENT" else (0, None)
+        first = 0 if kind.name == "CONTENT" else -1
+        assert plain_run([data]) == (1, chars, reason, first), data
     # Anything else ends the run there, whatever follows.
     for other in [
         b'{"choices":[],"usage":{"prompt_tokens":1}}',
@@ -198,4 +204,4 @@ def test_plain_runs_are_text_and_finishes_up_to_the_first_chunk_worth_parsing():
         b'{"choices":[{"delta":[]}]}',
         b'{"choices":[{"delta":{"content":"a"}}],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ]:
-        assert plain_run([text, other, text]) == (1, 5, None), other
+        assert plain_run([text, other, text]) == (1, 5, None, 0), other

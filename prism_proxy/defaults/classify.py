@@ -46,6 +46,8 @@ class DefaultClassify:
         status = result.status
         if status == 200 and result.stream_broken:
             return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
+        if status == 200 and result.plain_commit:
+            return Verdict(Outcome.OK)  # text, and nothing that could make it an error
         if status == 200 and not _is_error_payload(result.json):
             if not isinstance(result.json, dict):
                 # A proxy's HTML page or a truncated body is not an answer.

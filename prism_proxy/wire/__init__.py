@@ -49,9 +49,10 @@ class Wire:
     #: finishes the answer, else None).
     digest: Callable[[Any], tuple[int, str | None]]
     #: Of consecutive events' data, how many lead that a relay forwarding them as
-    #: they are need not parse (text or a finish only), their characters of text,
-    #: and the finish reason the last of them gave.
-    plain_run: Callable[[list[bytes]], tuple[int, int, str | None]]
+    #: they are need not parse (text, tool calls or a finish only), their
+    #: characters of text, the finish reason the last of them gave, and the index
+    #: of the first that carries content, the commit point (-1: none does).
+    plain_run: Callable[[list[bytes]], tuple[int, int, str | None, int]]
     estimate_usage: Callable[[dict[str, Any], int], Usage]
     #: Why a 200 body is not an answer of the endpoint (None: it is one, or it is an error).
     answer_problem: Callable[[Endpoint, Any], str | None]
@@ -110,7 +111,7 @@ ANTHROPIC = Wire(
     usage_update=anthropic.usage_update,
     digest=anthropic.digest,
     finish_reason=anthropic.finish_reason,
-    plain_run=lambda datas: (0, 0, None),
+    plain_run=lambda datas: (0, 0, None, -1),
     estimate_usage=anthropic.estimate_usage,
     answer_problem=anthropic.answer_problem,
     answer_chars=anthropic.answer_chars,

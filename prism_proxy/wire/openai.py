@@ -211,25 +211,30 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     return ChunkKind.PRELUDE, payload
 
 
-class _Function(msgspec.Struct):
+# gc=False: decoded chunks hold only strings, lists and each other, so they can
+# never be part of a reference cycle; untracked, they cost less to make and free.
+class _Function(msgspec.Struct, gc=False):
     arguments: str | None = None
 
 
-class _ToolCall(msgspec.Struct):
+class _ToolCall(msgspec.Struct, gc=False):
     function: _Function | None = None
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     tool_calls: list[_ToolCall] | None = None
+    refusal: str | None = None
+    #: The deprecated single function call: only whether it is there matters.
+    function_call: Any = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     finish_reason: str | None = None
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     """The members of a chunk that decide whether it can be forwarded unparsed."""
 
     choices: list[_Choice] | None = None
@@ -243,12 +248,13 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 _NOT_A_CHUNK = (msgspec.DecodeError, RecursionError)
 
 
-def plain_run(datas: list[bytes]) -> tuple[int, int, str | None]:
+def plain_run(datas: list[bytes]) -> tuple[int, int, str | None, int]:
     """How many of ``datas`` (events' data, in order) lead that are plain chunks,
-    their characters of answer text, and the finish reason the last of them gave.
+    their characters of answer text, the finish reason the last of them gave,
+    and the index of the first of them that carries content (-1: none does).
 
-    A plain chunk is JSON whose choices carry text or finish, and no usage:
-    what a relay forwarding the upstream's own bytes learns from it is what
+    A plain chunk is JSON whose choices carry text, tool calls or a finish,
+    and no usage: what a relay learns from it is what :func:`chunk_kind` and
     :func:`digest` would, without building the chunk.  Anything else (not
     JSON, an error, usage, a shape those members do not have) ends the run
     and is parsed on its own.  The strings it skips are not checked to be UTF-8.
@@ -256,6 +262,7 @@ def plain_run(datas: list[bytes]) -> tuple[int, int, str | None]:
     decode = _CHUNK.decode
     chars = 0
     count = 0
+    first_content = -1
     finished: str | None = None
     try:
         for data in datas:
@@ -263,21 +270,32 @@ def plain_run(datas: list[bytes]) -> tuple[int, int, str | None]:
             choices = chunk.choices
             if not choices or chunk.usage is not None:
                 break
+            content = False
             for choice in choices:
+                delta = choice.delta
+                if delta is not None:
+                    text = delta.content
+                    if text:
+                        chars += len(text)
+                        content = True
+                    calls = delta.tool_calls
+                    if calls:
+                        content = True
+                        for call in calls:
+                            function = call.function
+                            if function is not None and function.arguments is not None:
+                                chars += len(function.arguments)
+                    if delta.refusal or delta.function_call:
+                        content = True
                 if choice.finish_reason:
                     finished = _reason(choice.finish_reason)
-                delta = choice.delta
-                if delta is None:
-                    continue
-                if delta.content is not None:
-                    chars += len(delta.content)
-                for call in delta.tool_calls or ():
-                    if call.function is not None and call.function.arguments is not None:
-                        chars += len(call.function.arguments)
+                    content = True
+            if content and first_content < 0:
+                first_content = count
             count += 1
     except _NOT_A_CHUNK:
         pass
-    return count, chars, finished
+    return count, chars, finished, first_content
 
 
 def answer_problem(endpoint: Endpoint, payload: Any) -> str | None:
