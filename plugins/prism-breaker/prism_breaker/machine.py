@@ -310,7 +310,9 @@ class Machine:
 
     def observe(self, key: str, obs: Observation, now: float) -> Transition | None:
         """Apply one classified attempt; returns the transition it caused, if any."""
-        b = self.tick(key, now)
+        b = self.bindings.get(key)
+        if b is None or b.state is State.ISOLATED:
+            b = self.tick(key, now)
         b.counts[str(obs.outcome)] += 1
         failed = obs.outcome in COUNTED_FAILURES
         if not failed and obs.outcome is not Outcome.OK:
@@ -342,10 +344,11 @@ class Machine:
                 return tripped
         else:
             b.consecutive = 0
-            kind, slowness = self._latency(b, obs, now)
+            kind = STREAM if obs.streaming else BODY
             track = b.latency[kind]
             if (
-                slowness is Slowness.SLOW
+                obs.first_byte_ms is not None
+                and track.observe(now, obs.first_byte_ms) is Slowness.SLOW
                 and "latency" in s.policies
                 and self._judged(kind)
                 and track.slow_count >= s.latency_min_slow
@@ -440,6 +443,14 @@ class Machine:
 
     def _suspicion(self, b: BindingHealth, now: float, *, clear: bool = True) -> Transition | None:
         """eligible <-> suspect: some policy is at least half-way to a trip."""
+        if b.state is State.ELIGIBLE and not b.consecutive:
+            errors = b.errors
+            if not errors.own_failures and not errors.others[1]:
+                for track in b.latency.values():
+                    if track.slow_count:
+                        break
+                else:
+                    return None  # a healthy line, as most are: half-way to nothing
         s = self.settings
         reasons = []
         # Each test starts with what is cheapest and, on a healthy line, false.

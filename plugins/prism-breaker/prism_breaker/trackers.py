@@ -30,8 +30,10 @@ class ErrorWindow:
     unsent: list[tuple[float, bool]] | None = None
 
     def add(self, now: float, failed: bool) -> None:
-        self.prune(now)
-        self.entries.append((now, failed))
+        entries = self.entries
+        if entries and entries[0][0] <= now - self.window_s:
+            self.prune(now)
+        entries.append((now, failed))
         self.own_failures += failed
         if self.unsent is not None:
             self.unsent.append((now, failed))
@@ -102,23 +104,32 @@ class LatencyTrack:
     floor_ms: float = 0.0
 
     def observe(self, now: float, ms: float) -> Slowness:
-        self.prune(now)
-        self.samples.append((now, ms))
-        if len(self.samples) > MAX_SAMPLES:
-            self.samples.popleft()
-        median = self.median()
-        if median is None:
-            self._end_run()
-            self._to_baseline(now, ms)
-            return Slowness.UNJUDGED
-        if ms > self.factor * median and ms > self.floor_ms:
+        # Called on every answer: the helpers' work is written out here once.
+        samples, baseline = self.samples, self.baseline
+        horizon = now - self.window_s
+        if (samples and samples[0][0] <= horizon) or (baseline and baseline[0][0] <= horizon):
+            self.prune(now)
+        samples.append((now, ms))
+        if len(samples) > MAX_SAMPLES:
+            samples.popleft()
+        values = self.sorted_baseline
+        if self.others:
+            median = self.median()
+        else:  # median() without a fleet, one call shorter
+            median = self.own_median() if len(values) >= self.min_samples else None
+        if median is not None and ms > self.factor * median and ms > self.floor_ms:
             if self.slow_since is None:
                 self.slow_since = now
             self.slow_count += 1
             return Slowness.SLOW
-        self._end_run()
-        self._to_baseline(now, ms)
-        return Slowness.NORMAL
+        self.slow_since = None
+        self.slow_count = 0
+        baseline.append((now, ms))
+        bisect.insort(values, ms)
+        if len(baseline) > MAX_SAMPLES:
+            _, old = baseline.popleft()
+            del values[bisect.bisect_left(values, old)]
+        return Slowness.UNJUDGED if median is None else Slowness.NORMAL
 
     def median(self) -> float | None:
         """The baseline median, or None while there are too few samples to judge.
@@ -180,13 +191,6 @@ class LatencyTrack:
     def _end_run(self) -> None:
         self.slow_since = None
         self.slow_count = 0
-
-    def _to_baseline(self, now: float, ms: float) -> None:
-        self.baseline.append((now, ms))
-        bisect.insort(self.sorted_baseline, ms)
-        if len(self.baseline) > MAX_SAMPLES:
-            _, old = self.baseline.popleft()
-            del self.sorted_baseline[bisect.bisect_left(self.sorted_baseline, old)]
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
