@@ -255,8 +255,9 @@ async def _attempt(
     provider = gen.providers[binding.provider]
     attempt = call.new_attempt(binding, gen.clock())
     attempt.params_adjusted = list(prepared.adjusted)
-    if gen.hooks.attempt_start is not None:
-        gen.hooks.attempt_start(call=call, attempt=attempt)
+    attempt_start = gen.hooks.attempt_start
+    if attempt_start is not None:
+        attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     try:
@@ -326,17 +327,18 @@ async def _attempt(
 async def _finish(gen: Generation, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
     """Classify the attempt and let observers see it."""
     attempt.elapsed_ms = (gen.clock() - attempt.started_at) * 1000
+    hooks = gen.hooks
     verdict: Verdict
     if result.malformed is not None:
         # Not an answer, whatever a classifier would make of it: never served, never billed.
         outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
         verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
     else:
-        verdict = gen.hooks.classify(call=call, attempt=attempt, result=result)
+        verdict = hooks.classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
-    if gen.hooks.on_attempt is None:
+    if hooks.on_attempt is None:
         return verdict
-    pending = [p for p in gen.hooks.on_attempt(call=call, attempt=attempt) if p is not None]
+    pending = [p for p in hooks.on_attempt(call=call, attempt=attempt) if p is not None]
     if pending:
         await asyncio.gather(*pending)
     return verdict

@@ -392,10 +392,10 @@ def usage_from(payload: Any) -> Usage | None:
         (details.get("cached_tokens") if isinstance(details, dict) else None) or 0,
         (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None) or 0,
     )
-    counts = [token_count(value) for value in raw]
-    if None in counts:
-        return Usage(suspect=True)
-    prompt, completion, cached, reasoning = (count or 0 for count in counts)
+    for value in raw:
+        if token_count(value) is None:
+            return Usage(suspect=True)
+    prompt, completion, cached, reasoning = raw
     return Usage(
         input_tokens=prompt,
         output_tokens=completion,
