@@ -22,8 +22,8 @@ def chain_catalog(fake, *scenarios: str) -> dict:
     }
 
 
-async def test_stream_dying_before_its_first_content_fails_over(prism_fake, prism_gateway):
-    gw = await prism_gateway(chain_catalog(prism_fake, "die0", "ok"))
+async def streamed_by_ok(gw: Any) -> Any:
+    """Ask for a stream, check it is the "ok" line's whole answer; its headers."""
     raw = await gw.openai().chat.completions.with_raw_response.create(
         model="m", messages=MESSAGES, stream=True
     )
@@ -31,7 +31,13 @@ async def test_stream_dying_before_its_first_content_fails_over(prism_fake, pris
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello from up-ok. This is the fake upstream answering."
     assert raw.headers["x-prism-provider"] == "ok"
-    assert raw.headers["x-prism-attempt-log"].startswith("die0/up-die0 broken_stream 200")
+    return raw.headers
+
+
+async def test_stream_dying_before_its_first_content_fails_over(prism_fake, prism_gateway):
+    gw = await prism_gateway(chain_catalog(prism_fake, "die0", "ok"))
+    headers = await streamed_by_ok(gw)
+    assert headers["x-prism-attempt-log"].startswith("die0/up-die0 broken_stream 200")
 
 
 async def test_stream_dying_after_content_ends_with_an_error_event(
@@ -128,14 +134,8 @@ async def test_a_classifier_judges_a_stream_by_its_committing_chunk(prism_fake, 
     gw = await prism_gateway(
         chain_catalog(prism_fake, "greeter", "ok"), plugins=[(NoGreetings(), "no-greetings")]
     )
-    raw = await gw.openai().chat.completions.with_raw_response.create(
-        model="m", messages=MESSAGES, stream=True
-    )
-    chunks = [chunk async for chunk in raw.parse()]
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "Hello from up-ok. This is the fake upstream answering."
-    assert raw.headers["x-prism-provider"] == "ok"
-    assert raw.headers["x-prism-attempt-log"].startswith("greeter/up-greeter permanent 200")
+    headers = await streamed_by_ok(gw)
+    assert headers["x-prism-attempt-log"].startswith("greeter/up-greeter permanent 200")
     # Each line's first text chunk, as the upstream sent it (the role chunk came before).
     assert seen == [("greeter", {"content": "Hello"}), ("ok", {"content": "Hello"})]
 
