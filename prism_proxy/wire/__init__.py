@@ -49,7 +49,7 @@ class Wire:
     #: finishes the answer, else None).
     digest: Callable[[Any], tuple[int, str | None]]
     #: Of consecutive events' data, how many lead that a relay forwarding them as
-    #: they are need not parse (text, tool calls or a finish only), their
+    #: they are need not parse (choices and no usage), their
     #: characters of text, the finish reason the last of them gave, and the index
     #: of the first that carries content, the commit point (-1: none does).
     plain_run: Callable[[list[bytes]], tuple[int, int, str | None, int]]

@@ -253,11 +253,12 @@ def plain_run(datas: list[bytes]) -> tuple[int, int, str | None, int]:
     their characters of answer text, the finish reason the last of them gave,
     and the index of the first of them that carries content (-1: none does).
 
-    A plain chunk is JSON whose choices carry text, tool calls or a finish,
-    and no usage: what a relay learns from it is what :func:`chunk_kind` and
-    :func:`digest` would, without building the chunk.  Anything else (not
-    JSON, an error, usage, a shape those members do not have) ends the run
-    and is parsed on its own.  The strings it skips are not checked to be UTF-8.
+    A plain chunk is JSON with choices (a role prelude, text, tool calls, a
+    refusal, a finish) and no usage: what a relay learns from it is
+    what :func:`chunk_kind` and :func:`digest` would, without building the
+    chunk.  Anything else (not JSON, an error, usage, a shape those members do
+    not have) ends the run and is parsed on its own.  The strings it skips
+    are not checked to be UTF-8.
     """
     decode = _CHUNK.decode
     chars = 0

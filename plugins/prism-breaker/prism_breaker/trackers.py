@@ -104,7 +104,7 @@ class LatencyTrack:
     floor_ms: float = 0.0
 
     def observe(self, now: float, ms: float) -> Slowness:
-        # Called on every answer: the helpers' work is written out here once.
+        # Called on every answer: pruning waits until something has aged out.
         samples, baseline = self.samples, self.baseline
         horizon = now - self.window_s
         if (samples and samples[0][0] <= horizon) or (baseline and baseline[0][0] <= horizon):
@@ -112,18 +112,14 @@ class LatencyTrack:
         samples.append((now, ms))
         if len(samples) > MAX_SAMPLES:
             samples.popleft()
-        values = self.sorted_baseline
-        if self.others:
-            median = self.median()
-        else:  # median() without a fleet, one call shorter
-            median = self.own_median() if len(values) >= self.min_samples else None
+        median = self.median()
         if median is not None and ms > self.factor * median and ms > self.floor_ms:
             if self.slow_since is None:
                 self.slow_since = now
             self.slow_count += 1
             return Slowness.SLOW
-        self.slow_since = None
-        self.slow_count = 0
+        self._end_run()
+        values = self.sorted_baseline
         baseline.append((now, ms))
         bisect.insort(values, ms)
         if len(baseline) > MAX_SAMPLES:
