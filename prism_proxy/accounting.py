@@ -23,16 +23,20 @@ __all__ = ["OUTPUT_FLOOR", "OUTPUT_SLACK", "checked_usage", "estimate", "output_
 OUTPUT_SLACK = 10
 #: ... plus this many tokens, so that the report of a one-word answer stands.
 OUTPUT_FLOOR = 16
+# Looked up once: on Python 3.11 a member looked up on its enum class goes through
+# EnumType's __getattr__ hook, ten times the cost of a plain name.
+_EMBEDDINGS, _MESSAGES = Endpoint.EMBEDDINGS, Endpoint.MESSAGES
 
 
 def output_cap(call: Call, binding: Binding) -> int | None:
     """The most output tokens the call could have produced, when anything bounds it."""
-    if call.endpoint is Endpoint.EMBEDDINGS:
+    endpoint = call.endpoint
+    if endpoint is _EMBEDDINGS:
         return 0
     body = call.body
     caps = [binding.options.get("max_output_tokens")]
     choices = 1
-    if call.endpoint is Endpoint.MESSAGES:
+    if endpoint is _MESSAGES:
         caps.append(body.get("max_tokens"))
     else:
         caps.append(body.get("max_completion_tokens") or body.get("max_tokens"))

