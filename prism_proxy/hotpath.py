@@ -122,11 +122,11 @@ def _compiled(
     first and are resumed with the result (or the exception) last, as
     pluggy's multicall does (:func:`_unwind`).
     """
-    namespace: dict[str, Any] = {"_MISSING": _MISSING, "_unwind": _unwind}
+    namespace: dict[str, Any] = {"_unwind": _unwind}
     used = list(dict.fromkeys(name for _, names, _ in ordered for name in names))
-    params = ", ".join([*(f"{name}=_MISSING" for name in used), "**_others"])
+    # Required keywords: Python itself names one a caller left out, at no cost per call.
+    params = ", ".join([*used, "**_others"])
     lines = [f"def hook(*, {params}):"]
-    lines += [f"    if {name} is _MISSING: raise KeyError({name!r})" for name in used]
     wrappers = [(i, names) for i, (_, names, wrapper) in enumerate(ordered) if wrapper]
     plain = [(i, names) for i, (_, names, wrapper) in enumerate(ordered) if not wrapper]
     for index, (function, _, _) in enumerate(ordered):
@@ -165,9 +165,6 @@ def _compiled(
     exec("\n".join(lines), namespace)
     hook: Callable[..., Any] = namespace["hook"]
     return hook
-
-
-_MISSING = object()
 
 
 def _unwind(

@@ -250,6 +250,9 @@ def test_wrappers_called_directly_see_results_and_exceptions_as_under_pluggy():
     for caller in (pick, pm.hook.pick):
         with pytest.raises(KeyError, match="inner"):
             caller(call="inner-raises")  # Outer catches ValueError only: KeyError goes on
+    with pytest.raises(TypeError, match="'call'"):
+        pick(attempt=1)  # a caller that leaves out an argument an implementation takes
+    assert pick(call="y", attempt=1) == "<yy>"  # arguments no implementation takes are ignored
 
     class NoYield:
         @impl(wrapper=True)
