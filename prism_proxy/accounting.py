@@ -41,8 +41,11 @@ def output_cap(call: Call, binding: Binding) -> int | None:
     else:
         caps.append(body.get("max_completion_tokens") or body.get("max_tokens"))
         choices = body.get("n") or 1
-    known = [cap for cap in caps if type(cap) is int]
-    return min(known) * choices if known else None
+    lowest: int | None = None
+    for cap in caps:
+        if type(cap) is int and (lowest is None or cap < lowest):
+            lowest = cap
+    return None if lowest is None else lowest * choices
 
 
 def estimate(call: Call, delivered_chars: int) -> Usage:

@@ -143,12 +143,11 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
     SSE clients ignore comment lines, so the answer's format is unchanged;
     a caller that wants them reads ``: x-prism-cost: 0.00042`` before the end.
     """
-    late = [
-        f": {name}: {value}\n\n"
-        for name, value in call.response_headers.items()
-        if sent.get(name) != value
-    ]
-    return "".join(late).encode("latin-1", "replace")
+    late = ""
+    for name, value in call.response_headers.items():
+        if sent.get(name) != value:
+            late += f": {name}: {value}\n\n"
+    return late.encode("latin-1", "replace")
 
 
 class _EventStream(web.StreamResponse):
@@ -217,7 +216,7 @@ async def settle(generation: Generation, call: Call) -> bool:
     settle_hook = generation.hooks.settle
     if settle_hook is not None:
         try:
-            pending = [p for p in settle_hook(call=call, settlement=settlement) if p]
+            pending = settle_hook(call=call, settlement=settlement)  # awaitables
             if pending:
                 # Shielded: a client leaving must not cut a ledger commit in half.
                 work = pending[0] if len(pending) == 1 else asyncio.gather(*pending)

@@ -155,8 +155,10 @@ class _Walk:
 
     async def route(self, route: Route, model: ModelSpec) -> Served | None:
         record = self.call.record
-        record.extend(Skip("skipped", reason, binding) for binding, reason in route.skipped)
-        record.extend(Skip("note", note) for note in route.notes)
+        if route.skipped:
+            record.extend(Skip("skipped", reason, binding) for binding, reason in route.skipped)
+        if route.notes:
+            record.extend(Skip("note", note) for note in route.notes)
         # Compatibility is settled for the whole route before its first attempt.
         ready = []
         for binding in route.bindings:
@@ -191,7 +193,6 @@ class _Walk:
         gen, call = self.gen, self.call
         config = gen.config
         retries = model.retries if model.retries is not None else config.retries
-        backoff = Backoff(config.backoff_base_ms / 1000, config.backoff_cap_ms / 1000)
         attempt_timeout = call.attempt_timeout_s
         tries = 0
         timed_out_before = False
@@ -243,6 +244,7 @@ class _Walk:
                 timed_out_before = True
             wait = verdict.retry_after_s
             if wait is None:
+                backoff = Backoff(config.backoff_base_ms / 1000, config.backoff_cap_ms / 1000)
                 wait = backoff.delay(tries, gen.random)
             if gen.clock() + wait + MIN_ATTEMPT_S > self.deadline:
                 # Waiting would not leave room for another attempt: move on now.
@@ -340,7 +342,7 @@ async def _finish(gen: Generation, call: Call, attempt: Attempt, result: Upstrea
     attempt.verdict = verdict
     if hooks.on_attempt is None:
         return verdict
-    pending = [p for p in hooks.on_attempt(call=call, attempt=attempt) if p is not None]
+    pending = hooks.on_attempt(call=call, attempt=attempt)  # awaitables (None is dropped)
     if pending:
         await asyncio.gather(*pending)
     return verdict

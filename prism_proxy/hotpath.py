@@ -53,11 +53,12 @@ class Classify(Protocol):
 
 
 class OnAttempt(Protocol):
-    def __call__(self, *, call: Call, attempt: Attempt) -> list[Awaitable[None] | None]: ...
+    # The awaitables implementations returned: callers drop None, as pluggy does.
+    def __call__(self, *, call: Call, attempt: Attempt) -> list[Awaitable[None]]: ...
 
 
 class Settle(Protocol):
-    def __call__(self, *, call: Call, settlement: Settlement) -> list[Awaitable[None] | None]: ...
+    def __call__(self, *, call: Call, settlement: Settlement) -> list[Awaitable[None]]: ...
 
 
 @attrs.frozen
