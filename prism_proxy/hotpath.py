@@ -12,7 +12,8 @@ monitoring on, and logs each call (``prism.hooks``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -123,7 +124,7 @@ def _compiled(
     first and are resumed with the result (or the exception) last, as
     pluggy's multicall does (:func:`_unwind`).
     """
-    namespace: dict[str, Any] = {"_unwind": _unwind}
+    namespace: dict[str, Any] = {"_unwind": _unwind, "_second_yield": _second_yield}
     used = list(dict.fromkeys(name for _, names, _ in ordered for name in names))
     # Required keywords: Python itself names one a caller left out, at no cost per call.
     params = ", ".join([*used, "**_others"])
@@ -135,13 +136,13 @@ def _compiled(
     body = []
     for index, names in wrappers:
         body += [
-            f"_w = _f{index}({', '.join(names)})",
+            f"_w{index} = _f{index}({', '.join(names)})",
             "try:",
-            "    next(_w)",
+            f"    next(_w{index})",
             "except StopIteration:",
             f"    raise RuntimeError('wrapper ' + _f{index}.__qualname__ + ' did not yield')"
             " from None",
-            "_teardowns.append(_w)",
+            f"_teardowns.append(_w{index})",
         ]
     if first:
         # The first answer that is not None; later implementations are not called.
@@ -159,7 +160,20 @@ def _compiled(
         lines += [f"        {line}" for line in body]
         lines.append("    except BaseException as _exc:")
         lines.append("        return _unwind(_teardowns, None, _exc)")
-        lines.append("    return _unwind(_teardowns, _result, None)")
+        # Resumed innermost first, written out: :func:`_unwind` is only for what
+        # goes wrong (its loop and a call cost as much as the resuming).
+        for outer, (index, _) in reversed(list(enumerate(wrappers))):
+            lines += [
+                "    try:",
+                f"        _w{index}.send(_result)",
+                "    except StopIteration as _stop:",
+                "        _result = _stop.value",
+                "    except BaseException as _exc:",
+                f"        return _unwind(_teardowns[:{outer}], None, _exc)",
+                "    else:",
+                f"        return _second_yield(_teardowns[:{outer}], _w{index})",
+            ]
+        lines.append("    return _result")
     else:
         lines += [f"    {line}" for line in body]
         lines.append("    return _result")
@@ -169,26 +183,40 @@ def _compiled(
 
 
 def _unwind(
-    teardowns: list[Generator[None, Any, Any]], result: Any, exception: BaseException | None
+    teardowns: list[types.GeneratorType[None, Any, Any]],
+    result: Any,
+    exception: BaseException | None,
 ) -> Any:
     """Resume the ``wrapper=True`` generators, innermost first, as pluggy does."""
-    for teardown in reversed(teardowns):
+    for position in range(len(teardowns) - 1, -1, -1):
+        teardown = teardowns[position]
         try:
             if exception is not None:
                 teardown.throw(exception)
             else:
                 teardown.send(result)
-            teardown.close()
         except StopIteration as stop:
             result, exception = stop.value, None
             continue
         except BaseException as exc:
             exception = exc
             continue
-        exception = RuntimeError(f"wrapper {teardown.__qualname__} has a second yield")
+        return _second_yield(teardowns[:position], teardown)
     if exception is not None:
         raise exception
     return result
+
+
+def _second_yield(
+    outer: list[types.GeneratorType[None, Any, Any]], teardown: types.GeneratorType[None, Any, Any]
+) -> Any:
+    """A wrapper yielded again: pluggy closes it and raises at once (the wrappers
+    around it are not resumed), unless closing it raised: that goes on to them."""
+    try:
+        teardown.close()
+    except BaseException as exc:
+        return _unwind(outer, None, exc)
+    raise RuntimeError(f"wrapper {teardown.__qualname__} has a second yield")
 
 
 def _traced(caller: pluggy.HookCaller) -> Callable[..., Any] | None:

@@ -325,3 +325,69 @@ def test_several_plain_implementations_are_called_in_pluggys_order():
 
     with pytest.raises(RuntimeError, match="boom"):
         direct_caller(pm.hook.seen)(attempt=1)
+
+
+def test_wrappers_that_fail_on_the_way_out_end_as_in_pluggy():
+    """A teardown that raises or yields twice: the wrappers around it see what pluggy's would."""
+    import pluggy
+    import pytest
+
+    from prism_proxy.hotpath import direct_caller
+
+    spec = pluggy.HookspecMarker("demo")
+    impl = pluggy.HookimplMarker("demo")
+    seen: list[str] = []
+
+    class Specs:
+        @spec(firstresult=True)
+        def pick(self, call): ...
+
+    class Plain:
+        @impl
+        def pick(self, call):
+            return call
+
+    class Outer:
+        @impl(wrapper=True, tryfirst=True)
+        def pick(self, call):
+            try:
+                result = yield
+            except ValueError as exc:
+                seen.append(f"outer caught {exc}")
+                return "rescued"
+            except RuntimeError as exc:
+                seen.append(f"outer caught {exc}")
+                raise
+            return f"<{result}>"
+
+    class Middle:
+        @impl(wrapper=True)
+        def pick(self, call):
+            result = yield
+            if call == "raise":
+                raise ValueError("middle failed")
+            if call == "twice":
+                yield
+            return result
+
+    class Inner:
+        @impl(wrapper=True, trylast=True)
+        def pick(self, call):
+            result = yield
+            return result * 2
+
+    pm = pluggy.PluginManager("demo")
+    pm.add_hookspecs(Specs)
+    for plugin in (Plain(), Outer(), Middle(), Inner()):
+        pm.register(plugin)
+    pick = direct_caller(pm.hook.pick)
+    assert pick is not pm.hook.pick
+    for caller in (pick, pm.hook.pick):
+        seen.clear()
+        assert caller(call="ab") == "<abab>"
+        assert caller(call="raise") == "rescued"
+        assert seen == ["outer caught middle failed"]
+        seen.clear()
+        with pytest.raises(RuntimeError, match="second yield"):
+            caller(call="twice")
+        assert seen == []  # raised at once: the wrappers around it are not resumed
