@@ -248,11 +248,16 @@ class _Choice(msgspec.Struct, gc=False):
     finish_reason: str | None = None
 
 
+class _Object(msgspec.Struct, gc=False):
+    """Any JSON object, its members skipped: only that it is there matters."""
+
+
 class _Chunk(msgspec.Struct, gc=False):
     """The members of a chunk that decide whether it can be forwarded unparsed."""
 
     choices: list[_Choice] | None = None
-    usage: Any = None
+    #: A usage chunk ends a run (it is parsed on its own): not built here.
+    usage: _Object | None = None
 
 
 #: Decodes only those members: the rest of each chunk is checked to be JSON and

@@ -183,7 +183,8 @@ class MetricsHooks:
         self._observe(settled.duration, self.clock() - call.received_at)
         if settled.rule is not None:
             self._add(settled.rule)
-        self._fallback_kinds(call, model)
+        if len(call.attempts) > 1 or call.response_headers:  # else no fallback of any kind
+            self._fallback_kinds(call, model)
         if usage is not None and served is not None:
             for index, tokens in enumerate(_TOKEN_COUNTS(usage)):
                 if tokens:
