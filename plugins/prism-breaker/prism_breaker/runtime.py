@@ -715,7 +715,7 @@ class Breaker:
         health = self.machine.tick(key, self.clock())
         state = self._state_of(call)
         token = None if state is None else state.trials.pop(key, None)
-        attempt.extensions["breaker"] = AttemptTag(health.revision, str(health.state), token)
+        attempt.extensions["breaker"] = AttemptTag(health.revision, health.state, token)
         health.in_flight += 1
         if state is not None and token is not None:
             mark = f"trial {key}"

@@ -122,7 +122,8 @@ class LatencyTrack:
                 self.slow_since = now
             self.slow_count += 1
             return Slowness.SLOW
-        self._end_run()
+        if self.slow_since is not None:  # a slow run to end (slow samples set it)
+            self._end_run()
         values = self.sorted_baseline
         baseline.append((now, ms))
         bisect.insort(values, ms)
@@ -138,9 +139,10 @@ class LatencyTrack:
         by its samples: close to the fleet's true median when the gateways
         see the same upstream, at the cost of one pair of numbers each.
         """
-        own = self.own_median()
         if not self.others:
-            return own if len(self.sorted_baseline) >= self.min_samples else None
+            values = self.sorted_baseline
+            return _median(values) if values and len(values) >= self.min_samples else None
+        own = self.own_median()
         parts = [*self.others]
         if own is not None:
             parts.append((len(self.sorted_baseline), own))
@@ -156,13 +158,7 @@ class LatencyTrack:
 
     def own_median(self) -> float | None:
         """This gateway's baseline median, however few samples it has (None: none)."""
-        values = self.sorted_baseline
-        if not values:
-            return None
-        mid = len(values) // 2
-        if len(values) % 2:
-            return values[mid]
-        return (values[mid - 1] + values[mid]) / 2
+        return _median(self.sorted_baseline) if self.sorted_baseline else None
 
     def slow_for(self, now: float) -> float:
         return 0.0 if self.slow_since is None else now - self.slow_since
@@ -191,6 +187,14 @@ class LatencyTrack:
     def _end_run(self) -> None:
         self.slow_since = None
         self.slow_count = 0
+
+
+def _median(values: list[float]) -> float:
+    """The median of sorted, non-empty ``values``."""
+    mid = len(values) // 2
+    if len(values) % 2:
+        return values[mid]
+    return (values[mid - 1] + values[mid]) / 2
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
