@@ -23,8 +23,7 @@ __all__ = ["OUTPUT_FLOOR", "OUTPUT_SLACK", "checked_usage", "estimate", "output_
 OUTPUT_SLACK = 10
 #: ... plus this many tokens, so that the report of a one-word answer stands.
 OUTPUT_FLOOR = 16
-# Looked up once: on Python 3.11 a member looked up on its enum class goes through
-# EnumType's __getattr__ hook, ten times the cost of a plain name.
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _EMBEDDINGS, _MESSAGES = Endpoint.EMBEDDINGS, Endpoint.MESSAGES
 
 

@@ -24,8 +24,7 @@ from .wire.translate_response import StreamTranslator
 __all__ = ["StreamBroken", "UpstreamStream"]
 
 _READ_ERRORS = (aiohttp.ClientError, OSError)
-# Looked up once: on Python 3.11 a member looked up on its enum class goes through
-# EnumType's __getattr__ hook, ten times the cost of a plain name.
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _CONTENT, _USAGE, _ERROR, _DONE, _INVALID = (
     ChunkKind.CONTENT,
     ChunkKind.USAGE,

@@ -64,7 +64,7 @@ STOP_TIMEOUT_S = 10.0
 #: A ramping binding's share of calls starts here (Envoy's slow start has a floor too).
 RAMP_FLOOR = 0.1
 CUSTOMER = "customer"
-# Looked up once (see machine.py): the per-call paths compare with these.
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _SERVED = frozenset({Outcome.OK, Outcome.EMPTY})
 _ELIGIBLE = State.ELIGIBLE
 MANUAL_HOLD = 'restore = "manual": the trial passed; release this hold to send traffic'

@@ -72,8 +72,7 @@ class Slowness(enum.Enum):
     SLOW = "slow"
 
 
-# Looked up once: a member looked up on its enum class costs a metaclass hook
-# on Python 3.11, and a track judges every answer.
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _NORMAL, _UNJUDGED = Slowness.NORMAL, Slowness.UNJUDGED
 
 #: At most this many samples per track: bounds memory and the cost of an observation.
