@@ -11,6 +11,7 @@ from .app import create_app
 from .background import background
 from .call import (
     ANONYMOUS,
+    SERVING_OUTCOMES,
     Attempt,
     Call,
     Endpoint,
@@ -61,6 +62,7 @@ __all__ = [
     "INTERNAL_HEADER",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
+    "SERVING_OUTCOMES",
     "WORKERS_DIR_ENV",
     "Attempt",
     "Binding",

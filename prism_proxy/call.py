@@ -24,6 +24,7 @@ __all__ = [
     "Call",
     "Endpoint",
     "Outcome",
+    "SERVING_OUTCOMES",
     "Principal",
     "Route",
     "Settlement",
@@ -60,6 +61,11 @@ class Outcome(enum.StrEnum):
     REQUEST_ERROR = "request_error"
     CANCELLED = "cancelled"
     BROKEN_STREAM = "broken_stream"
+
+
+#: The outcomes of an attempt whose answer may reach the caller: dispatch stops
+#: at the first of them (``empty`` is served flagged, or falls back if the model says).
+SERVING_OUTCOMES = frozenset({Outcome.OK, Outcome.EMPTY})
 
 
 @attrs.frozen

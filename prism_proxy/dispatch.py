@@ -27,7 +27,17 @@ import aiohttp
 import attrs
 
 from .backoff import Backoff
-from .call import Attempt, Call, Endpoint, Outcome, Route, Skip, UpstreamResult, Verdict
+from .call import (
+    SERVING_OUTCOMES,
+    Attempt,
+    Call,
+    Endpoint,
+    Outcome,
+    Route,
+    Skip,
+    UpstreamResult,
+    Verdict,
+)
 from .capacity import Slots
 from .catalog import Binding, ModelSpec
 from .compat import Prepared, Untranslatable, prepare
@@ -49,7 +59,6 @@ _CONNECTION_ERRORS = (aiohttp.ClientError, OSError)
 _RETRYABLE = frozenset(
     {Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.BROKEN_STREAM}
 )
-_SERVED = frozenset({Outcome.OK, Outcome.EMPTY})
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _EMPTY = Outcome.EMPTY
 
@@ -317,7 +326,7 @@ async def _attempt(
         if attempt.verdict is None and isinstance(exc, asyncio.CancelledError):
             await _finish(gen, call, attempt, UpstreamResult(attempt.status, error=exc))
         raise
-    if verdict.outcome in _SERVED and response is not None:
+    if verdict.outcome in SERVING_OUTCOMES and response is not None:
         return Served(attempt, response, result, stream, prepared), attempt, result
     if response is not None:
         if stream is None and result.error is None and not result.timed_out:

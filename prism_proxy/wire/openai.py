@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from ..call import Endpoint, Usage
+from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
 
@@ -417,7 +417,7 @@ def usage_from(payload: Any) -> Usage | None:
         (output_details.get("reasoning_tokens") if isinstance(output_details, dict) else None) or 0,
     )
     for value in raw:
-        if type(value) is not int or value < 0:  # token_count, inlined: once per call
+        if token_count(value) is None:
             return Usage(suspect=True)
     prompt, completion, cached, reasoning = raw
     return Usage(

@@ -27,12 +27,12 @@ from typing import Any
 import attrs
 
 from prism_proxy import (
+    SERVING_OUTCOMES,
     Attempt,
     Binding,
     Call,
     Catalog,
     ConfigError,
-    Outcome,
     Route,
     Settlement,
     Verdict,
@@ -65,7 +65,6 @@ STOP_TIMEOUT_S = 10.0
 RAMP_FLOOR = 0.1
 CUSTOMER = "customer"
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_SERVED = frozenset({Outcome.OK, Outcome.EMPTY})
 _ELIGIBLE = State.ELIGIBLE
 MANUAL_HOLD = 'restore = "manual": the trial passed; release this hold to send traffic'
 
@@ -730,7 +729,7 @@ class Breaker:
         if not isinstance(tag, AttemptTag) or attempt.verdict is None:
             return
         key = attempt.binding.id
-        if attempt.verdict.outcome not in _SERVED:
+        if attempt.verdict.outcome not in SERVING_OUTCOMES:
             # Failed attempts end here; a serving one stays in flight until settle.
             self._end_attempt(key, tag)
         if call.traffic != CUSTOMER:

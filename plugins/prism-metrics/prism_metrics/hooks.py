@@ -13,7 +13,16 @@ from typing import Any
 
 from prism_breaker import breaker_of
 
-from prism_proxy import Attempt, Binding, Call, Generation, Outcome, Settlement, hookimpl
+from prism_proxy import (
+    SERVING_OUTCOMES,
+    Attempt,
+    Binding,
+    Call,
+    Generation,
+    Outcome,
+    Settlement,
+    hookimpl,
+)
 
 from .capacity import CapacityRule
 from .exporter import Exporter
@@ -22,7 +31,6 @@ __all__ = ["MetricsHooks"]
 
 IN_FLIGHT = "metrics"
 STATES = ("eligible", "suspect", "isolated", "trial", "quarantined")
-_SERVING = (Outcome.OK, Outcome.EMPTY)
 _TOKEN_KINDS = (
     ("input", "input_tokens"),
     ("output", "output_tokens"),
@@ -151,7 +159,7 @@ class MetricsHooks:
             return
         line = self._line(attempt.binding)
         self._add(line.attempt(verdict.outcome))
-        if verdict.outcome in _SERVING:
+        if verdict.outcome in SERVING_OUTCOMES:
             first_byte_ms = attempt.first_byte_ms
             if first_byte_ms is not None:
                 self._observe(line.ttft, first_byte_ms / 1000)

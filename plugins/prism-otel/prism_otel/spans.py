@@ -19,12 +19,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from prism_proxy import Attempt, Call, Catalog, Outcome, Settlement
+from prism_proxy import SERVING_OUTCOMES, Attempt, Call, Catalog, Settlement
 
 __all__ = ["record_call"]
 
 _OPERATION = {"chat": "chat", "messages": "chat", "embeddings": "embeddings"}
-_SERVING = (Outcome.OK, Outcome.EMPTY)
 #: Request parameters worth a span attribute (numbers only: never text).
 _PARAMS = {
     "max_tokens": "gen_ai.request.max_tokens",
@@ -149,7 +148,7 @@ def _attempt_span(
         start_time=wall(attempt.started_at),
         attributes=attributes,
     )
-    if verdict is not None and verdict.outcome not in _SERVING:
+    if verdict is not None and verdict.outcome not in SERVING_OUTCOMES:
         span.set_attribute("error.type", str(verdict.outcome))
         span.set_status(Status(StatusCode.ERROR, verdict.reason or str(verdict.outcome)))
     # A serving attempt lasts until the answer is through; the others until their verdict.

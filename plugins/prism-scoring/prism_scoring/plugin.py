@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 
 from prism_proxy import (
+    SERVING_OUTCOMES,
     Attempt,
     Binding,
     Call,
@@ -24,7 +25,6 @@ __all__ = ["ORDER_NAME", "GroupOrder", "order_of"]
 #: The name this generation's object is registered under (absent: no chain uses ``group``).
 ORDER_NAME = f"{PLUGIN_NAME}.order"
 
-_ANSWERS = frozenset({Outcome.OK, Outcome.EMPTY})
 #: What counts against a line.  ``cancelled`` (the caller left) and
 #: ``request_error`` (the request was at fault) say nothing about the line.
 _ERRORS = frozenset(
@@ -103,7 +103,7 @@ class GroupOrder:
         if stat is None:
             return
         outcome = attempt.outcome
-        if outcome in _ANSWERS:
+        if outcome in SERVING_OUTCOMES:
             latency = attempt.first_byte_ms
             stat.observe(self.clock(), self.settings.half_life_s, latency_ms=latency, error=False)
         elif outcome in _ERRORS:
