@@ -2,10 +2,13 @@
 
 Every endpoint, streaming or not, goes through :func:`dispatch`.  It returns
 the attempt that will serve, or raises an error carrying the record of
-everything tried.  The decisions (DESIGN.md §4):
+everything tried.  The decisions (the README's "What happens on failure"):
 
 - ``ok`` serves; ``empty`` serves unless the model says ``empty = "fallback"``;
 - ``request_error`` returns the upstream's answer unchanged (no retry, no fallback);
+- a connect that fails because the gateway is out of files or memory is
+  ``cancelled`` with code ``gateway_out_of_resources``, whatever a classifier
+  would say: no retry, nothing learnt of the upstream, the next binding tried;
 - ``permanent`` moves to the next binding at once;
 - ``transient``, ``rate_limited`` and ``broken_stream`` retry the same binding
   up to ``retries`` times, waiting as Retry-After asks or with jittered backoff;
@@ -21,6 +24,7 @@ everything tried.  The decisions (DESIGN.md §4):
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 
 import aiohttp
@@ -56,6 +60,8 @@ log = logging.getLogger("prism")
 MIN_ATTEMPT_S = 1.0
 
 _CONNECTION_ERRORS = (aiohttp.ClientError, OSError)
+#: What a connect fails with when the gateway itself is short of files or memory.
+_GATEWAY_SHORT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _RETRYABLE = frozenset(
     {Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.BROKEN_STREAM}
 )
@@ -345,6 +351,23 @@ async def _finish(gen: Generation, call: Call, attempt: Attempt, result: Upstrea
         # Not an answer, whatever a classifier would make of it: never served, never billed.
         outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
         verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
+    elif result.error is not None and _gateway_short(result.error):
+        # The gateway's own shortage, whatever a classifier would make of it: the
+        # upstream was never reached, so nothing is learnt of it (a breaker must not
+        # isolate a healthy line for it).  The next binding may have an idle connection.
+        gen.counters["gateway_out_of_resources"] += 1
+        count = gen.counters["gateway_out_of_resources"]
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th…: said, without a flood
+            log.warning(
+                "%s: no connection to %s: the gateway is out of files or memory (%s; %d so far)",
+                call.request_id,
+                attempt.binding.id,
+                type(result.error).__name__,
+                count,
+            )
+        verdict = Verdict(
+            Outcome.CANCELLED, "gateway out of files or memory", code="gateway_out_of_resources"
+        )
     else:
         verdict = hooks.classify(call=call, attempt=attempt, result=result)
     attempt.verdict = verdict
@@ -354,6 +377,18 @@ async def _finish(gen: Generation, call: Call, attempt: Attempt, result: Upstrea
     if pending:
         await asyncio.gather(*pending)
     return verdict
+
+
+def _gateway_short(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps) is the gateway running out of files or memory."""
+    seen: BaseException | None = error
+    for _ in range(4):  # a client's own error wraps the OSError a level or two down
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _GATEWAY_SHORT:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 #: What happened last, when its verdict names no code of its own.

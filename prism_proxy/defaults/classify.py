@@ -1,4 +1,6 @@
-"""Default classification of an attempt, on status AND body (DESIGN.md §4).
+"""Default classification of an attempt, on status AND body.
+
+The outcomes and what dispatch does with each: the README's "What happens on failure".
 
 Wire-format agnostic where it can be; it understands OpenAI-shaped bodies.
 Provider plugins with another error model override it with ``tryfirst``.

@@ -7,6 +7,10 @@ the fake upstream's hit counts are what a provider would bill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import resource
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -191,6 +195,63 @@ async def test_cancellations_never_trip(prism_fake, prism_gateway, kit):
         0,
         0,
     )
+
+
+@contextlib.contextmanager
+def out_of_files() -> Iterator[None]:
+    """Every file slot of this process taken (the open-file limit lowered to what is open)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+    fillers = []
+    try:
+        while True:  # the gaps below the limit, too
+            try:
+                fillers.append(os.dup(0))
+            except OSError:
+                break
+        yield
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_the_gateway_out_of_files_is_never_held_against_the_upstream(
+    prism_fake, prism_gateway, kit
+):
+    gw = await prism_gateway(kit.catalog("a", "b"))
+    body = {"model": "m", "messages": MESSAGES}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gw.url + "/readyz") as ready:  # the connection all calls reuse
+            assert ready.status == 200
+        answers = []
+        with out_of_files():
+            for _ in range(4):  # more than the three failures that would isolate a line
+                async with session.post(gw.base_url + "/chat/completions", json=body) as response:
+                    answers.append((response.status, dict(response.headers), await response.json()))
+        for status, headers, error in answers:
+            assert status == 503
+            assert error["error"]["code"] == "gateway_out_of_resources"
+            # Not retried (the upstream never saw it); the next binding was tried.
+            assert [entry.split()[:2] for entry in headers["x-prism-attempt-log"].split("; ")] == [
+                ["a/up-a", "cancelled"],
+                ["b/up-b", "cancelled"],
+            ]
+        assert prism_fake.hits("a") == prism_fake.hits("b") == 0
+        for binding in ("a/up-a", "b/up-b"):
+            entry = await kit.binding(gw, binding)
+            assert (entry["state"], entry["consecutive_failures"], entry["in_flight"]) == (
+                "eligible",
+                0,
+                0,
+            )
+            assert entry["window"]["calls"] == 0
+        async with session.get(gw.url + "/prism/stats") as response:  # said, and counted
+            assert (await response.json())["counters"]["gateway_out_of_resources"] == 8
+        async with session.post(gw.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200  # files again: served by the first line, as before
+            assert response.headers["x-prism-provider"] == "a"
 
 
 async def test_slow_first_tokens_trip_the_latency_policy(prism_fake, prism_gateway, kit):
