@@ -165,7 +165,7 @@ def _serve(args: argparse.Namespace, config: Config) -> int:
         sockets = [socket.socket(fileno=int(fd)) for fd in args.worker_fds.split(",")]
     else:
         # The port first: a busy one stops here, before any plugin opens a file or a pool.
-        sockets = bind(config.listen.host, config.listen.port)
+        sockets = bind(config.listen.host, config.listen.port, backlog=config.backlog)
         if config.workers > 1:
             return _supervise(args, config, sockets)
     try:

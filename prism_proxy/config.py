@@ -34,6 +34,9 @@ __all__ = [
     "load_config",
 ]
 
+#: Connections the kernel queues before they are accepted, unless ``[prism] backlog`` says.
+DEFAULT_BACKLOG = 1024
+
 CORE_KEYS = frozenset(
     {
         "listen",
@@ -56,6 +59,7 @@ CORE_KEYS = frozenset(
         "header_timeout_s",
         "keepalive_timeout_s",
         "max_connections",
+        "backlog",
     }
 )
 
@@ -236,6 +240,9 @@ class Config:
     keepalive_timeout_s: float = 75.0
     #: Connections accepted at once; None: 45% of the open-file soft limit.
     max_connections: int | None = None
+    #: Connections the kernel queues before the server accepts them (the kernel caps
+    #: it at ``net.core.somaxconn``).
+    backlog: int = DEFAULT_BACKLOG
     #: ``prism serve`` processes on the port (``auto``: one per CPU).
     workers: int = 1
     #: The catalog document, when the caller supplies it instead of a file.
@@ -428,6 +435,7 @@ def config_from_mapping(
     )
     if "max_connections" in core:
         config.max_connections = core.get_int("max_connections", 0, min=1)
+    config.backlog = core.get_int("backlog", config.backlog, min=1, max=65535)
     if "workers" in core:
         try:
             config.workers = worker_count(core.values["workers"])

@@ -256,7 +256,7 @@ class GuardedSite(web.BaseSite):
         *,
         guard: ConnectionGuard,
         keepalive_timeout_s: float,
-        backlog: int = 1024,
+        backlog: int,
     ) -> None:
         super().__init__(runner, backlog=backlog)
         self._sock = sock

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
-from .config import Config
+from .config import DEFAULT_BACKLOG, Config
 from .connections import ConnectionGuard, GuardedSite, default_limit
 from .errors import ConfigError
 from .gateway import GATEWAY, Gateway
@@ -39,8 +39,6 @@ log = logging.getLogger("prism")
 #: is 700).  A call allocates a few hundred short-lived objects; at the default,
 #: the collector ran every ~20 streamed calls, and each run cost ~150 µs.
 GC_YOUNG_THRESHOLD = 10_000
-#: Connections the kernel queues before the server accepts them.
-BACKLOG = 1024
 #: As asyncio's and aiohttp's own listeners: rebind at once after a restart (POSIX only;
 #: on Linux it never lets two listeners share a port).
 REUSE_ADDRESS = os.name == "posix" and sys.platform != "cygwin"
@@ -75,7 +73,7 @@ def _host_port(host: str, port: int) -> str:
 LISTEN_SOCKETS = web.AppKey("prism_listen_sockets", list[socket.socket])
 
 
-def bind(host: str, port: int, *, backlog: int = BACKLOG) -> list[socket.socket]:
+def bind(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> list[socket.socket]:
     """Listening sockets on every address ``host`` resolves to (0 picks a free port).
 
     Raises :class:`CannotListen` (and leaves nothing open) when one cannot be bound.
@@ -145,6 +143,7 @@ async def listen(
     header_timeout_s: float = 10.0,
     keepalive_timeout_s: float = 75.0,
     max_connections: int | None = None,
+    backlog: int = DEFAULT_BACKLOG,
     counters: dict[str, int] | None = None,
 ) -> Listening:
     """Start ``app`` on ``host:port`` (0 picks a free port).
@@ -163,7 +162,7 @@ async def listen(
     """
     sockets = app.get(LISTEN_SOCKETS)
     if sockets is None:
-        sockets = bind(host, port)
+        sockets = bind(host, port, backlog=backlog)
     if GATEWAY in app:
         # Known before the start-up contexts run: plugins may call themselves.
         own = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
@@ -189,7 +188,7 @@ async def listen(
                 sock,
                 guard=guard,
                 keepalive_timeout_s=keepalive_timeout_s,
-                backlog=BACKLOG,
+                backlog=backlog,
             )
             await site.start()
     except BaseException:
@@ -207,6 +206,7 @@ def listen_options(config: Config) -> dict[str, Any]:
         "header_timeout_s": config.header_timeout_s,
         "keepalive_timeout_s": config.keepalive_timeout_s,
         "max_connections": config.max_connections,
+        "backlog": config.backlog,
     }
 
 

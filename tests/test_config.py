@@ -107,6 +107,7 @@ def test_plugin_section_from_ini(tmp_path):
             "[prism] attempt_timeout_ms",
             "at least 1000",
         ),
+        ("catalog = c.toml\nbacklog = 0", CATALOG, "[prism] backlog", "at least 1"),
         (
             "catalog = c.toml\npermanent_markers = quota",
             CATALOG,

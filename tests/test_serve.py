@@ -115,3 +115,26 @@ async def test_the_demo_answers_from_the_fake_upstream(tmp_path):
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 15) == 0
     assert list(tmp_path.iterdir()) == []  # the demo writes nothing where it runs
+
+
+async def test_the_listen_backlog_is_the_operators(prism_fake, tmp_path):
+    port = free_port()
+    (tmp_path / "prism.ini").write_text(
+        f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\nbacklog = 7\n"
+    )
+    (tmp_path / "catalog.toml").write_text(
+        f'[providers.p]\nkind = "openai"\nbase_url = "{prism_fake.base_url("ok")}"\n'
+        '[models.m]\nchain = [ { provider = "p", model = "x" } ]\n'
+    )
+    process = await serve_process(tmp_path / "prism.ini", port)
+    try:
+        # For a listening socket, ss's Send-Q column is the backlog it was given.
+        ss = await asyncio.create_subprocess_exec(
+            "ss", "-Hltn", f"sport = :{port}", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await ss.communicate()
+        rows = [line.split() for line in out.decode().splitlines()]
+        assert [(row[0], row[2]) for row in rows] == [("LISTEN", "7")]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 15) == 0
