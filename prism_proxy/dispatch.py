@@ -352,9 +352,10 @@ async def _finish(gen: Generation, call: Call, attempt: Attempt, result: Upstrea
         outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
         verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
     elif result.error is not None and _gateway_short(result.error):
-        # The gateway's own shortage, whatever a classifier would make of it: the
-        # upstream was never reached, so nothing is learnt of it (a breaker must not
-        # isolate a healthy line for it).  The next binding may have an idle connection.
+        # The gateway's own shortage, whatever a classifier would make of it: nothing
+        # is learnt of the upstream (a breaker must not isolate a healthy line for it),
+        # and a retry would find the same shortage.  The next binding may have an
+        # idle connection.
         gen.counters["gateway_out_of_resources"] += 1
         count = gen.counters["gateway_out_of_resources"]
         if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th…: said, without a flood

@@ -158,7 +158,8 @@ async def listen(
     guarded (see :mod:`.connections`): a request head must arrive within
     ``header_timeout_s``, idle keep-alive connections close after
     ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 45%
-    of the open-file soft limit) new connections are refused at once.
+    of the open-file soft limit) new connections are refused at once;
+    up to ``backlog`` more wait in the kernel's queue to be accepted.
     """
     sockets = app.get(LISTEN_SOCKETS)
     if sockets is None:
