@@ -6,6 +6,11 @@ starts the fake upstream, the bare proxy and ``prism serve`` (one provider, one
 model), drives each with ``wrk -t2 -c16`` for a few seconds, non-streaming and
 streaming, and prints the process CPU time (user + system, from /proc) divided
 by the requests served, and the calls per second wrk saw.  Linux only.
+As ``run.py`` does, the servers under test run on the last CPU and wrk and the
+fake upstream on the others (``--no-pin``: anywhere), and each kind of call
+is measured in ``--rounds`` rounds in which the targets take turns, the order
+reversed every other round: a slow spell falls on all of them alike.  A
+target's CPU per request is the median of its rounds.
 ``--workers N`` adds ``prism serve --workers N`` (its CPU is the supervisor's
 and every worker's) and, to compare it with, one process with the same
 configuration; both share the breaker's state through prism-redis (``--redis``).
@@ -13,7 +18,8 @@ configuration; both share the breaker's state through prism-redis (``--redis``).
 main thread (the event loop) and its other threads (the ledger's writer),
 user and system time apart.
 
-    python contrib/bench/cpu_per_request.py [--duration 4] [--routing] [--workers 2] [--threads]
+    python contrib/bench/cpu_per_request.py [--duration 2] [--rounds 3] [--routing] [--workers 2]
+                                            [--threads] [--no-pin]
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from proc import cpu_seconds, thread_times
+from proc import cpu_seconds, split_cpus, thread_times
 from profiles import FULL_PLUGINS, add_profile, write_full_profile
 from run import add_without, fake_upstream_argv, write_prism_config
 
@@ -39,7 +46,16 @@ WITHOUT = 18973
 FULL_BASE = 18950
 
 
-async def load(port: int, stream: bool, duration: int, key: str | None = None) -> tuple[int, int]:
+def on_cpus(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that runs a child (and its children) on ``cpus``; None: anywhere."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+async def load(
+    port: int, stream: bool, duration: int, key: str | None = None, cpus: set[int] | None = None
+) -> tuple[int, int]:
     """Run wrk against ``port``; the requests it completed, and how many were not 2xx."""
     env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or ""}
     wrk = await asyncio.create_subprocess_exec(
@@ -52,6 +68,7 @@ async def load(port: int, stream: bool, duration: int, key: str | None = None) -
         f"http://127.0.0.1:{port}/v1/chat/completions",
         env=env,
         stdout=asyncio.subprocess.PIPE,
+        preexec_fn=on_cpus(cpus),
     )
     out, _ = await wrk.communicate()
     lines = out.decode().splitlines()
@@ -60,8 +77,10 @@ async def load(port: int, stream: bool, duration: int, key: str | None = None) -
     return int(line.split()[0]), failed
 
 
-def start(argv: Sequence[str | Path]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(argv: Sequence[str | Path], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=on_cpus(cpus)
+    )
 
 
 async def main(
@@ -72,14 +91,19 @@ async def main(
     without: Sequence[str] = (),
     profile: str = "default",
     threads: bool = False,
+    rounds: int = 3,
+    pinned: bool = True,
 ) -> None:
+    cpus = split_cpus() if pinned else None
+    # Servers under test on one CPU, the load and the fake on the others.
+    under_test, others = cpus if cpus is not None else (None, None)
     with tempfile.TemporaryDirectory() as scratch:
         upstream_base = f"http://127.0.0.1:{UPSTREAM}/s/ok/v1"
         config = write_prism_config(Path(scratch), PRISM, upstream_base)
         routed_dir = Path(scratch) / "routed"
         routed_dir.mkdir()
         routed_config = write_prism_config(routed_dir, ROUTED, upstream_base, routing=True)
-        upstream = start(fake_upstream_argv(UPSTREAM))
+        upstream = start(fake_upstream_argv(UPSTREAM), others)
         bare = start(
             [
                 sys.executable,
@@ -88,9 +112,10 @@ async def main(
                 str(BARE),
                 "--upstream",
                 f"http://127.0.0.1:{UPSTREAM}/s/ok/v1",
-            ]
+            ],
+            under_test,
         )
-        prism = start([BIN / "prism", "serve", "--config", config])
+        prism = start([BIN / "prism", "serve", "--config", config], under_test)
         targets: list[tuple[str, subprocess.Popen[bytes], int, str | None]] = [
             ("bare proxy", bare, BARE, None),
             ("prism", prism, PRISM, None),
@@ -103,17 +128,17 @@ async def main(
                 ini, key = write_full_profile(
                     Path(scratch) / name.replace(" ", ""), port, upstream_base, without=left_out
                 )
-                targets.append((name, start([BIN / "prism", "serve", "--config", ini]), port, key))
+                argv: list[str | Path] = [BIN / "prism", "serve", "--config", ini]
+                targets.append((name, start(argv, under_test), port, key))
         if routing:
-            routed = start([BIN / "prism", "serve", "--config", routed_config])
+            routed = start([BIN / "prism", "serve", "--config", routed_config], under_test)
             targets.append(("prism+route", routed, ROUTED, None))
         for name in without:
             here = Path(scratch) / f"without-{name}"
             here.mkdir()
             ini = write_prism_config(here, WITHOUT, upstream_base, disable=(name,))
-            targets.append(
-                (f"prism -{name}", start([BIN / "prism", "serve", "--config", ini]), WITHOUT, None)
-            )
+            argv = [BIN / "prism", "serve", "--config", ini]
+            targets.append((f"prism -{name}", start(argv, under_test), WITHOUT, None))
         if workers > 1:
             # The breaker refuses workers unless its state is shared: both targets
             # share it through Redis, so they differ only in the process count.
@@ -124,41 +149,46 @@ async def main(
                 here = Path(scratch) / name
                 here.mkdir()
                 ini = write_prism_config(here, port, upstream_base, redis_url=redis_url)
-                argv: list[str | Path] = [
-                    BIN / "prism",
-                    "serve",
-                    "--config",
-                    ini,
-                    "--workers",
-                    str(count),
-                ]
+                argv = [BIN / "prism", "serve", "--config", ini, "--workers", str(count)]
+                # Unpinned, both: workers on one CPU would measure nothing of a second one.
                 targets.append((name, start(argv), port, None))
         try:
             await asyncio.sleep(3 + len(targets) / 2)
             cpu: dict[tuple[str, bool], float] = {}
             for stream in (False, True):
-                for name, process, port, key in targets:
-                    # Only one-process targets: a supervisor's threads say nothing of its workers'.
-                    split_threads = threads and not name.startswith("prism x")
-                    before = cpu_seconds(process.pid)
-                    split_before = thread_times(process.pid) if split_threads else None
-                    served, failed = await load(port, stream, duration, key)
-                    spent = cpu_seconds(process.pid) - before
-                    kind = "stream    " if stream else "non-stream"
-                    each = cpu[name, stream] = spent / max(served, 1) * 1e6
-                    rate = served / duration
-                    errors = f"  ({failed} NOT 2xx)" if failed else ""
+                kind = "stream    " if stream else "non-stream"
+                each: dict[str, list[float]] = {name: [] for name, *_ in targets}
+                served_total = dict.fromkeys(each, 0)
+                failed_total = dict.fromkeys(each, 0)
+                split_total = {name: [0.0, 0.0, 0.0, 0.0] for name in each}
+                for round_ in range(rounds):
+                    order = targets if round_ % 2 == 0 else targets[::-1]
+                    for name, process, port, key in order:
+                        # Only one-process targets: a supervisor's threads say nothing
+                        # of its workers'.
+                        split_threads = threads and not name.startswith("prism x")
+                        before = cpu_seconds(process.pid)
+                        split_before = thread_times(process.pid) if split_threads else None
+                        served, failed = await load(port, stream, duration, key, others)
+                        spent = cpu_seconds(process.pid) - before
+                        each[name].append(spent / max(served, 1) * 1e6)
+                        served_total[name] += served
+                        failed_total[name] += failed
+                        if split_before is not None:
+                            after = thread_times(process.pid)
+                            for i, (now, then) in enumerate(zip(after, split_before, strict=True)):
+                                split_total[name][i] += now - then
+                for name, *_ in targets:
+                    median = cpu[name, stream] = statistics.median(each[name])
+                    served = served_total[name]
+                    rate = served / (duration * rounds)
+                    errors = f"  ({failed_total[name]} NOT 2xx)" if failed_total[name] else ""
                     print(
                         f"{kind} {name:16} {served:6d} requests {rate:7.0f}/s "
-                        f"{each:5.0f} us CPU each{errors}"
+                        f"{median:5.0f} us CPU each{errors}"
                     )
-                    if split_before is not None:
-                        split = [
-                            (after - then) / max(served, 1) * 1e6
-                            for after, then in zip(
-                                thread_times(process.pid), split_before, strict=True
-                            )
-                        ]
+                    if threads and not name.startswith("prism x"):
+                        split = [part / max(served, 1) * 1e6 for part in split_total[name]]
                         print(
                             f"{'':28} main thread {split[0]:4.0f} user {split[1]:4.0f} system, "
                             f"other threads {split[2]:4.0f} user {split[3]:4.0f} system (us each)"
@@ -198,7 +228,17 @@ def forget_shared_state(redis_url: str, ports: Sequence[int]) -> None:
 
 def cli(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--duration", type=int, default=4, help="seconds of load per cell")
+    parser.add_argument(
+        "--duration", type=int, default=2, help="seconds of load per target and round (2)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds per kind of call, targets taking turns (3)"
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let every process run on any CPU (default: servers under test on one CPU)",
+    )
     parser.add_argument(
         "--routing",
         action="store_true",
@@ -230,6 +270,8 @@ def cli(argv: Sequence[str] | None = None) -> None:
             args.without[:1],
             args.profile,
             args.threads,
+            max(1, args.rounds),
+            not args.no_pin,
         )
     )
 
