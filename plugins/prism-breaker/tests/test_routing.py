@@ -7,14 +7,12 @@ the fake upstream's hit counts are what a provider would bill.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import resource
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
 from prism_fake_upstream import Fault
+
+from prism_proxy.testing import out_of_file_handles
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 DEAD_RETRY_VETOED = "dead/up-dead vetoed breaker:-isolated"
@@ -197,26 +195,6 @@ async def test_cancellations_never_trip(prism_fake, prism_gateway, kit):
     )
 
 
-@contextlib.contextmanager
-def out_of_files() -> Iterator[None]:
-    """Every file slot of this process taken (the open-file limit lowered to what is open)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
-    fillers = []
-    try:
-        while True:  # the gaps below the limit, too
-            try:
-                fillers.append(os.dup(0))
-            except OSError:
-                break
-        yield
-    finally:
-        for fd in fillers:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
 async def test_the_gateway_out_of_files_is_never_held_against_the_upstream(
     prism_fake, prism_gateway, kit
 ):
@@ -226,7 +204,7 @@ async def test_the_gateway_out_of_files_is_never_held_against_the_upstream(
         async with session.get(gw.url + "/readyz") as ready:  # the connection all calls reuse
             assert ready.status == 200
         answers = []
-        with out_of_files():
+        with out_of_file_handles():
             for _ in range(4):  # more than the three failures that would isolate a line
                 async with session.post(gw.base_url + "/chat/completions", json=body) as response:
                     answers.append((response.status, dict(response.headers), await response.json()))
