@@ -155,6 +155,8 @@ async def main(
         try:
             await asyncio.sleep(3 + len(targets) / 2)
             cpu: dict[tuple[str, bool], float] = {}
+            # Only one-process targets: a supervisor's threads say nothing of its workers'.
+            split_names = {n for n, *_ in targets if threads and not n.startswith("prism x")}
             for stream in (False, True):
                 kind = "stream    " if stream else "non-stream"
                 each: dict[str, list[float]] = {name: [] for name, *_ in targets}
@@ -164,11 +166,8 @@ async def main(
                 for round_ in range(rounds):
                     order = targets if round_ % 2 == 0 else targets[::-1]
                     for name, process, port, key in order:
-                        # Only one-process targets: a supervisor's threads say nothing
-                        # of its workers'.
-                        split_threads = threads and not name.startswith("prism x")
                         before = cpu_seconds(process.pid)
-                        split_before = thread_times(process.pid) if split_threads else None
+                        split_before = thread_times(process.pid) if name in split_names else None
                         served, failed = await load(port, stream, duration, key, others)
                         spent = cpu_seconds(process.pid) - before
                         each[name].append(spent / max(served, 1) * 1e6)
@@ -187,7 +186,7 @@ async def main(
                         f"{kind} {name:16} {served:6d} requests {rate:7.0f}/s "
                         f"{median:5.0f} us CPU each{errors}"
                     )
-                    if threads and not name.startswith("prism x"):
+                    if name in split_names:
                         split = [part / max(served, 1) * 1e6 for part in split_total[name]]
                         print(
                             f"{'':28} main thread {split[0]:4.0f} user {split[1]:4.0f} system, "
