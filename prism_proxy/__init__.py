@@ -32,14 +32,14 @@ from .classification import (
     marker_code,
     parse_retry_after,
 )
-from .commands import Command, Commands
+from .commands import CheckLine, Command, Commands
 from .config import Config, Section, config_from_mapping, load_config, redact_url
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
 from .generation import Generation
 from .hookimpl import hookimpl
 from .orgs import OrgSetting
-from .plugins import declared_org_settings
+from .plugins import authenticating_plugins, declared_org_settings
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
@@ -70,6 +70,7 @@ __all__ = [
     "Capacity",
     "Catalog",
     "CatalogKeys",
+    "CheckLine",
     "Command",
     "Commands",
     "Config",
@@ -103,6 +104,7 @@ __all__ = [
     "Wire",
     "Wires",
     "admin_handler",
+    "authenticating_plugins",
     "background",
     "check_param_rules",
     "config_from_mapping",

@@ -59,8 +59,8 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
-    if err.status == 408:
-        response.force_close()  # the rest of a stalled body is not worth waiting for
+    if err.status in (408, 413):
+        response.force_close()  # the rest of a stalled or oversized body is not worth reading
     return response
 
 
@@ -221,8 +221,16 @@ async def settle(generation: Generation, call: Call) -> bool:
                 # Shielded: a client leaving must not cut a ledger commit in half.
                 work = pending[0] if len(pending) == 1 else asyncio.gather(*pending)
                 await asyncio.shield(work)
-        except Exception:
-            log.exception("prism_settle failed for %s", call.request_id)
+        except Exception as exc:
+            # An outage (a ledger unreachable) fails many calls alike: one line each,
+            # the traceback only when debugging.
+            log.error(
+                "prism_settle failed for %s: %s: %s",
+                call.request_id,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
             recorded = False
     if call_log.isEnabledFor(logging.INFO):
         fields = access_fields(generation, call, settlement)

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .call import new_id
 from .config import Config, load_config
 from .connections import SERVER
 from .endpoints import add_routes, add_unmatched_route
 from .gateway import GATEWAY, Gateway
+from .plugins import authenticating_plugins
+from .record import REQUEST_ID_HEADER
 
 __all__ = ["create_app"]
 
@@ -59,20 +62,24 @@ def create_app(
     app.on_shutdown.append(gateway.on_shutdown)
     gateway.current.pm.hook.prism_app_setup(app=app, config=config)
     add_unmatched_route(app)
-    app.on_response_prepare.append(_server_header)
+    app.on_response_prepare.append(_every_response)
     if _open_to_anyone(gateway):
         app.on_startup.append(_warn_open)
     return app
 
 
-async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+async def _every_response(request: web.Request, response: web.StreamResponse) -> None:
+    headers = response.headers
     # aiohttp would name itself and the Python version: nothing a caller needs.
-    response.headers["Server"] = SERVER
+    headers["Server"] = SERVER
+    # A call set its own id (it is in its log line and ledger row); every other
+    # answer (a 404, a 405, a plugin's route) still gets one to quote.
+    if REQUEST_ID_HEADER not in headers:
+        headers[REQUEST_ID_HEADER] = new_id("req_")
 
 
 def _open_to_anyone(gateway: Gateway) -> bool:
-    impls = gateway.current.pm.hook.prism_authenticate.get_hookimpls()
-    return all(impl.plugin_name == "prism.default-auth" for impl in impls)
+    return not authenticating_plugins(gateway.current.pm)
 
 
 async def _warn_open(app: web.Application) -> None:

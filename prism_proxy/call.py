@@ -219,9 +219,13 @@ class Usage:
     ``cached_input_tokens`` (read from a cache) and ``cache_creation_tokens``
     (written to one) are the parts of it billed at other rates.
     ``reasoning_tokens`` is the part of ``output_tokens`` spent on reasoning
-    the caller never sees.  ``suspect`` marks a report that could not be
-    true (a count that is not a whole number, or more output than was asked
-    for or delivered): its counts were replaced by the estimate.
+    the caller never sees.  ``reasoning_unmeasured``: the answer carried
+    reasoning (a thinking block, whose text may be a summary or omitted, or
+    a redacted one) but the report does not say how much of
+    ``output_tokens`` it took, so the delivered text cannot bound them.
+    ``suspect`` marks a report that could not be true (a count that is not a
+    whole number, or more output than was asked for or delivered): its
+    counts were replaced by the estimate.
     """
 
     input_tokens: int = 0
@@ -231,6 +235,7 @@ class Usage:
     estimated: bool = False
     reasoning_tokens: int = 0
     suspect: bool = False
+    reasoning_unmeasured: bool = False
 
 
 def token_count(value: Any) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.metadata
 import importlib.resources
 import logging
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import create_app
-from .commands import Command, Commands
+from .commands import Command, Commands, run_checks
 from .config import (
     Config,
     Listen,
@@ -23,6 +24,7 @@ from .config import (
     load_config,
     worker_count,
 )
+from .distribution import DISTRIBUTION
 from .errors import ConfigError
 from .gateway import GATEWAY
 from .logs import configure_logging
@@ -53,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("prism-proxy")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
@@ -94,8 +96,14 @@ def _main(argv: list[str]) -> int:
     )
     # A worker of `--workers`: the listening sockets it inherits from its supervisor.
     serve_parser.add_argument("--worker-fds", help=argparse.SUPPRESS)
-    commands.add(
-        "check", "validate the configuration and the catalog, then exit", lambda a, c: _check(c)
+    check = commands.add(
+        "check",
+        "validate the configuration and the catalog, and reach the databases and services "
+        "it names (read-only), then exit",
+        _check,
+    )
+    check.add_argument(
+        "--offline", action="store_true", help="validate only: contact no database or service"
     )
     commands.add(
         "plugins",
@@ -208,7 +216,7 @@ def _supervise(args: argparse.Namespace, config: Config, sockets: list[socket.so
         close_sockets(sockets)
 
 
-def _check(config: Config) -> int:
+def _check(args: argparse.Namespace, config: Config) -> int:
     app = create_app(config)
     generation = app[GATEWAY].current
     catalog = generation.catalog
@@ -221,6 +229,18 @@ def _check(config: Config) -> int:
     print(f"plugins: {plugins}")
     for name in sorted(config.disable):
         print(f"{name}: disabled by [prism] disable in {config.source}")
+    # What the plugins depend on (their databases, Redis): a valid file that names
+    # a database nobody can reach is not a configuration that works.
+    lines = asyncio.run(run_checks(generation, offline=args.offline))
+    for line in sorted(lines, key=lambda line: line.subject):
+        print(f"{line.subject}: {line.text}")
+    failed = sorted({line.subject for line in lines if not line.ok})
+    if failed:
+        print(
+            f"prism check: the configuration is valid, but not ready: {', '.join(failed)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

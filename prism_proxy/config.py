@@ -3,7 +3,8 @@
 Search order in a directory: ``prism.ini`` (section ``[prism]``), then
 ``setup.cfg`` with a ``[prism]`` section, then ``pyproject.toml`` with a
 ``[tool.prism]`` table; the first directory from the current one upwards
-that has one wins.  ``--config PATH`` skips the search.
+that has one wins.  ``--config PATH`` skips the search, and so does the
+environment variable ``PRISM_CONFIG`` when no ``--config`` is given.
 
 Each plugin reads its own section: ``[prism:<name>]`` in ini files,
 ``[tool.prism.<name>]`` in ``pyproject.toml``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import tomllib
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -36,6 +38,10 @@ __all__ = [
 
 #: Connections the kernel queues before they are accepted, unless ``[prism] backlog`` says.
 DEFAULT_BACKLOG = 1024
+
+#: A section or table name that looks meant for Prism: ``prism`` in any case, then an
+#: optional separator and a plugin name (``Prism``, ``prism-billing``, ``prism.keys``).
+_LOOKS_LIKE_PRISM = re.compile(r"\s*prism\s*(?:[-_.:/ ]\s*(?P<plugin>\S.*?))?\s*", re.IGNORECASE)
 
 CORE_KEYS = frozenset(
     {
@@ -89,12 +95,19 @@ class Section:
     source: str
     name: str
     values: dict[str, Any] = attrs.field(factory=dict)
+    #: The operator wrote this section (even empty), as opposed to one made up for a
+    #: plugin that has none: a section written for a plugin it leaves off is a mistake.
+    written: bool = False
 
     def _where(self, key: str) -> str:
         return f"[{self.name}] {key}"
 
     def error(self, key: str, problem: str) -> ConfigError:
         return ConfigError(self.source, self._where(key), problem)
+
+    def warning(self, key: str, problem: str) -> str:
+        """A WARNING line worded like :meth:`error`'s message (file, key, problem)."""
+        return str(self.error(key, problem))
 
     def check_keys(self, known: Iterable[str]) -> None:
         """Reject keys this section's owner does not know (typos stop start-up)."""
@@ -148,14 +161,19 @@ class Section:
         return float(value)
 
     def get_bool(self, key: str, default: bool) -> bool:
+        """``true`` or ``false`` (any case), or a TOML boolean; nothing else.
+
+        ``yes``/``on``/``1`` are refused rather than guessed at: ``enabled = 0``
+        read as true, or ``on`` read as false, would be a silent misconfiguration.
+        """
         value = self.values.get(key, default)
         if isinstance(value, bool):
             return value
         if isinstance(value, str):
             lowered = value.strip().lower()
-            if lowered in {"true", "yes", "on", "1"}:
+            if lowered == "true":
                 return True
-            if lowered in {"false", "no", "off", "0"}:
+            if lowered == "false":
                 return False
         raise self.error(key, f"expected true or false, got {value!r}")
 
@@ -248,13 +266,29 @@ class Config:
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
 
+    @property
+    def state_dir(self) -> Path:
+        """Where a plugin keeps a state file whose place the operator left to it.
+
+        ``$STATE_DIRECTORY`` (its first entry) when set: systemd hands a unit's
+        ``StateDirectory=`` over in it while the unit's sandbox leaves the
+        configuration's directory read-only (contrib/deploy).  Otherwise the
+        configuration file's directory.
+        """
+        named = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        return Path(named) if named else self.base_dir
+
     def section(self, plugin_name: str) -> Section:
-        """The plugin's own section (empty if the operator wrote none)."""
+        """The plugin's own section (empty, and not ``written``, if the operator wrote none)."""
         found = self.sections.get(plugin_name)
         if found is None:
             found = Section(self.source, f"prism:{plugin_name}")
             self.sections[plugin_name] = found
         return found
+
+
+#: The configuration file to use when no ``--config`` is given, before any search.
+CONFIG_ENV = "PRISM_CONFIG"
 
 
 def find_config(start: Path | None = None) -> Path | None:
@@ -292,6 +326,12 @@ def _pyproject_has_prism(path: Path) -> bool:
 
 def load_config(path: Path | str | None = None, *, start: Path | None = None) -> Config:
     """Read the configuration from ``path``, or find it from ``start`` upwards."""
+    if path is None and os.environ.get(CONFIG_ENV):
+        # Where no --config can be added (`docker compose exec gateway1 prism keys
+        # create`, the image's commands), the environment names the file.
+        path = os.environ[CONFIG_ENV]
+        if not Path(path).is_file():
+            raise ConfigError(path, CONFIG_ENV, "file not found")
     if path is None:
         found = find_config(start)
         if found is None:
@@ -299,7 +339,7 @@ def load_config(path: Path | str | None = None, *, start: Path | None = None) ->
                 str(start or Path.cwd()),
                 "[prism]",
                 "no configuration found (looked for prism.ini, [prism] in setup.cfg, "
-                "[tool.prism] in pyproject.toml); pass --config PATH",
+                f"[tool.prism] in pyproject.toml); pass --config PATH or set {CONFIG_ENV}",
             )
         path = found
     path = Path(path)
@@ -324,6 +364,8 @@ def _read_ini(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         raise ConfigError(
             str(path), "(file)", f"not a valid ini file (not UTF-8 text at byte {exc.start})"
         ) from None
+    for name in parser.sections():
+        _check_spelling(str(path), name, "[{}]", ":")
     if not parser.has_section("prism"):
         raise ConfigError(str(path), "[prism]", "section missing")
     core = dict(parser.items("prism"))
@@ -355,12 +397,31 @@ def _read_pyproject(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from None
-    table = data.get("tool", {}).get("prism")
+    tool = data.get("tool", {})
+    for name in tool if isinstance(tool, dict) else ():
+        _check_spelling(str(path), name, "[tool.{}]", ".")
+    table = tool.get("prism")
     if not isinstance(table, dict):
         raise ConfigError(str(path), "[tool.prism]", "table missing")
     core = {k: v for k, v in table.items() if not isinstance(v, dict)}
     plugins = {k: v for k, v in table.items() if isinstance(v, dict)}
     return core, plugins
+
+
+def _check_spelling(source: str, name: str, shape: str, plugin_separator: str) -> None:
+    """Refuse a section (``shape`` spells it: ``[{}]``, ``[tool.{}]``) that looks meant for
+    Prism but is spelt otherwise, naming the right spelling: it would never be read."""
+    found = _LOOKS_LIKE_PRISM.fullmatch(name)
+    if found is None:
+        return
+    plugin = found.group("plugin")
+    right = "prism" if plugin is None else f"prism{plugin_separator}{plugin.lower()}"
+    if name == right:
+        return
+    what = "the core's section" if plugin is None else "a plugin's section"
+    raise ConfigError(
+        source, shape.format(name), f"never read: {what} is spelt {shape.format(right)}"
+    )
 
 
 def config_from_mapping(
@@ -380,7 +441,7 @@ def config_from_mapping(
         base_dir=base,
         core=core,
         sections={
-            name: Section(source, f"prism:{name}", dict(values))
+            name: Section(source, f"prism:{name}", dict(values), written=True)
             for name, values in (plugin_values or {}).items()
         },
         catalog_data=catalog_data,
@@ -421,12 +482,7 @@ def config_from_mapping(
         "backoff_cap_ms", config.backoff_cap_ms, min=config.backoff_base_ms
     )
     config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
-    if str(core.values.get("cross_tier_fallback", "")).strip().lower() == "caller":
-        config.cross_tier_fallback = "caller"
-    else:
-        config.cross_tier_fallback = core.get_bool(
-            "cross_tier_fallback", config.cross_tier_fallback is True
-        )
+    config.cross_tier_fallback = _cross_tier_fallback(core)
     config.header_timeout_s = core.get_float(
         "header_timeout_s", config.header_timeout_s, min=0.1, max=3600
     )
@@ -448,6 +504,18 @@ def config_from_mapping(
         config.admin_token_env = token_env
         config.admin_token = os.environ.get(token_env) or None
     return config
+
+
+def _cross_tier_fallback(core: Section) -> bool | Literal["caller"]:
+    value = core.values.get("cross_tier_fallback", False)
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text == "caller":
+        return "caller"
+    if text in ("true", "false"):
+        return text == "true"
+    raise core.error("cross_tier_fallback", f"expected true, false or caller, got {value!r}")
 
 
 def admin_token_unset(config: Config) -> str | None:

@@ -9,6 +9,9 @@ everything tried.  The decisions (the README's "What happens on failure"):
 - a connect that fails because the gateway is out of files or memory is
   ``cancelled`` with code ``gateway_out_of_resources``, whatever a classifier
   would say: no retry, nothing learnt of the upstream, the next binding tried;
+- so is a provider's ``send`` failing with anything but a connection error
+  (the gateway's own failure, code ``internal_error``): a request it could not
+  build or encode never reached the upstream, so it is no evidence against it;
 - ``permanent`` moves to the next binding at once;
 - ``transient``, ``rate_limited`` and ``broken_stream`` retry the same binding
   up to ``retries`` times, waiting as Retry-After asks or with jittered backoff;
@@ -67,6 +70,11 @@ _RETRYABLE = frozenset(
 )
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _EMPTY = Outcome.EMPTY
+#: The code of a failure that is the gateway's own, as for any other it did not expect.
+INTERNAL_ERROR = "internal_error"
+_GATEWAY_FAILED = Verdict(
+    Outcome.CANCELLED, "the gateway failed before sending", code=INTERNAL_ERROR
+)
 
 
 @attrs.define(eq=False)
@@ -278,6 +286,7 @@ async def _attempt(
         attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
+    own_failure: Verdict | None = None
     try:
         try:
             with gen.deadlines.within(timeout):
@@ -324,7 +333,14 @@ async def _attempt(
             log.exception("provider %r failed on %s", binding.provider, call.request_id)
             attempt.error = f"provider error: {type(exc).__name__}"
             result = UpstreamResult(attempt.status, error=exc, wire=provider.wire)
-        verdict = await _finish(gen, call, attempt, result)
+            if response is None:
+                # send() reports the upstream's failures as connection errors (its
+                # contract); anything else is the gateway's own, before the upstream
+                # saw a byte (a request it could not build or encode).  Nothing is
+                # learnt of the upstream (a breaker must not isolate a healthy line
+                # for it) and a retry would fail the same way.
+                own_failure = _GATEWAY_FAILED
+        verdict = await _finish(gen, call, attempt, result, own_failure)
     except BaseException as exc:
         # The caller left (or an observer failed) mid-attempt: drop the upstream at once.
         if response is not None:
@@ -342,12 +358,21 @@ async def _attempt(
     return None, attempt, result
 
 
-async def _finish(gen: Generation, call: Call, attempt: Attempt, result: UpstreamResult) -> Verdict:
-    """Classify the attempt and let observers see it."""
+async def _finish(
+    gen: Generation,
+    call: Call,
+    attempt: Attempt,
+    result: UpstreamResult,
+    own_failure: Verdict | None = None,
+) -> Verdict:
+    """Classify the attempt (``own_failure``: the gateway's, whatever a classifier
+    would say) and let observers see it."""
     attempt.elapsed_ms = (gen.clock() - attempt.started_at) * 1000
     hooks = gen.hooks
     verdict: Verdict
-    if result.malformed is not None:
+    if own_failure is not None:
+        verdict = own_failure
+    elif result.malformed is not None:
         # Not an answer, whatever a classifier would make of it: never served, never billed.
         outcome = Outcome.BROKEN_STREAM if result.streaming else Outcome.TRANSIENT
         verdict = Verdict(outcome, result.malformed, code="upstream_bad_answer")
@@ -425,6 +450,8 @@ def exhausted(call: Call, status: int = 503, code: str | None = None) -> PrismEr
             f"{last.verdict.outcome} ({last.verdict.reason or last.status})"
         )
     code = code or error_code(last)
+    if code == INTERNAL_ERROR:
+        status = 500  # the gateway's failure: not "unavailable, come back later"
     if call.endpoint is Endpoint.EMBEDDINGS:
         code = f"runtime_embeddings_failed:{code}"
     error_type = ChainDeadline if status == 504 else PrismError

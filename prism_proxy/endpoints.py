@@ -14,15 +14,18 @@ from aiohttp import web
 from .admin import ADMIN_HEADER, admin_handler, is_admin
 from .answers import Answer, BodyAnswer, ErrorAnswer, error_response, settle
 from .call import Call, Endpoint, Settlement, new_id
+from .catalog import ModelSpec
 from .dispatch import SERVED_SLOT, ChainDeadline, PassThrough, dispatch, exhausted
-from .errors import ConfigError, PrismError
+from .errors import ECHO_LIMIT, ConfigError, PrismError, echo
 from .gateway import GATEWAY
 from .generation import Generation
+from .record import REQUEST_ID_HEADER
 from .relay import degraded, relay
 from .selflink import INTERNAL_HEADER
 from .wire import ANTHROPIC, OPENAI, Wire, wire_for
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
+from .wire.shape import check_depth
 
 __all__ = ["add_routes", "add_unmatched_route"]
 
@@ -61,10 +64,32 @@ async def unmatched(request: web.Request) -> web.Response:
         err = PrismError(
             405,
             "method_not_allowed",
-            f"{request.method} is not allowed on this path (allowed: {methods})",
+            f"{echo(request.method)} is not allowed on this path (allowed: {methods})",
         )
         return error_response(err, wire=wire, headers={"Allow": methods})
-    return error_response(PrismError(404, "not_found", "no endpoint at this path"), wire=wire)
+    api = _api_endpoints(request.app)
+    err = PrismError(
+        404,
+        "not_found",
+        f"no endpoint at {echo(request.path)}; the API's endpoints are {', '.join(api)}",
+        extra={"endpoints": api},
+    )
+    return error_response(err, wire=wire)
+
+
+def _api_endpoints(app: web.Application) -> list[str]:
+    """``METHOD /path`` of every route under ``/v1/``, as this app serves them.
+
+    Read from the router, so a mounted app's prefix and an endpoint a plugin
+    adds are listed as they are; the operator's routes (admin, metrics) are
+    not a caller's business.
+    """
+    listed: dict[str, None] = {}
+    for route in app.router.routes():
+        path = route.resource.canonical if route.resource is not None else ""
+        if "/v1/" in path and route.method not in ("HEAD", "*"):
+            listed[f"{route.method} {path}"] = None
+    return list(listed)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -100,6 +125,7 @@ async def _read_json(request: web.Request, limit: int, stall_s: float) -> dict[s
         raise PrismError(400, "invalid_json", "the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise PrismError(400, "invalid_json", "the request body must be a JSON object")
+    check_depth(body, raw)
     return body
 
 
@@ -193,6 +219,11 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             call.model_name, call.stream = validate_messages(body)
         else:
             call.model_name = validate_embeddings(body)
+        name = call.model_name
+        if len(name) > ECHO_LIMIT and generation.catalog.resolve(name) is None:
+            # A name no catalog has is cut before an answer, a log line or a ledger
+            # row repeats it: a hostile 100 KB name costs what a short one does.
+            call.model_name = echo(name)
         if not _internal(call, generation):
             _authenticate(generation, call)
             _traffic(call)
@@ -332,7 +363,7 @@ def _client_wire(request: web.Request) -> Wire:
     return ANTHROPIC if _anthropic_client(request) else OPENAI
 
 
-def _models_caller(request: web.Request) -> tuple[Generation, web.Response | None]:
+def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response | None]:
     """The model list is part of the API: whoever may call may list (``prism_authenticate``)."""
     generation = request.app[GATEWAY].current
     call = Call(
@@ -345,15 +376,30 @@ def _models_caller(request: web.Request) -> tuple[Generation, web.Response | Non
     try:
         _authenticate(generation, call)
     except PrismError as err:
-        return generation, error_response(err, wire=_client_wire(request))
-    return generation, None
+        refused = error_response(err, wire=_client_wire(request), headers=_id_header(call))
+        return generation, call, refused
+    return generation, call, None
+
+
+def _id_header(call: Call) -> dict[str, str]:
+    return {REQUEST_ID_HEADER: call.request_id}
+
+
+def _allowed(generation: Generation, call: Call, model: ModelSpec) -> bool:
+    """Whether every plugin lets this caller use ``model`` (``prism_model_allowed``)."""
+    answers = generation.pm.hook.prism_model_allowed(call=call, model=model)
+    return False not in answers
 
 
 async def list_models(request: web.Request) -> web.Response:
-    generation, refused = _models_caller(request)
+    generation, call, refused = _models_caller(request)
     if refused is not None:
         return refused
-    names = list(generation.catalog.models)
+    names = [
+        name
+        for name, model in generation.catalog.models.items()
+        if _allowed(generation, call, model)
+    ]
     if _anthropic_client(request):
         body: dict[str, Any] = {
             "data": [_anthropic_model(name) for name in names],
@@ -363,21 +409,24 @@ async def list_models(request: web.Request) -> web.Response:
         }
     else:
         body = {"object": "list", "data": [_model_object(name) for name in names]}
-    return web.json_response(body, dumps=_dumps)
+    return web.json_response(body, dumps=_dumps, headers=_id_header(call))
 
 
 async def get_model(request: web.Request) -> web.Response:
-    generation, refused = _models_caller(request)
+    generation, call, refused = _models_caller(request)
     if refused is not None:
         return refused
     name = request.match_info["model"]
-    if generation.catalog.resolve(name) is None:
+    model = generation.catalog.resolve(name)
+    # A model this caller may not use is as absent as an unknown one: a key
+    # learns nothing about the catalog beyond what it may call.
+    if model is None or not _allowed(generation, call, model):
         err = PrismError(
-            404, "model_not_found", f"model '{name}' is not in the catalog", param="model"
+            404, "model_not_found", f"model '{echo(name)}' is not in the catalog", param="model"
         )
-        return error_response(err, wire=_client_wire(request))
+        return error_response(err, wire=_client_wire(request), headers=_id_header(call))
     body = _anthropic_model(name) if _anthropic_client(request) else _model_object(name)
-    return web.json_response(body, dumps=_dumps)
+    return web.json_response(body, dumps=_dumps, headers=_id_header(call))
 
 
 def _model_object(name: str) -> dict[str, Any]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConfigError", "PrismError"]
+__all__ = ["ECHO_LIMIT", "ConfigError", "PrismError", "echo"]
+
+#: The most characters of a caller's text (a model name, a path) an error or a
+#: log line repeats: enough for any real model name, while a hostile 100 KB
+#: name costs no more to answer and log than a short one.
+ECHO_LIMIT = 128
 
 
 class ConfigError(Exception):
@@ -60,3 +65,11 @@ def _default_type(status: int) -> str:
     if status < 500:
         return "invalid_request_error"
     return "api_error"
+
+
+def echo(text: str) -> str:
+    """``text`` as an answer or a log line may repeat it: at most :data:`ECHO_LIMIT`
+    characters, a longer one cut there and marked with ``…``."""
+    if len(text) <= ECHO_LIMIT:
+        return text
+    return text[:ECHO_LIMIT] + "…"

@@ -43,7 +43,6 @@ class Gateway:
     plugins: tuple[tuple[object, str], ...] = ()
     load_entrypoints: bool = True
     ready: bool = False
-    draining: bool = False
     #: Retired generations whose calls are still running.
     draining_generations: set[Generation] = attrs.field(factory=set)
     keeper: Keeper = attrs.field(factory=Keeper)
@@ -51,6 +50,19 @@ class Gateway:
     self_link: SelfLink = attrs.field(factory=SelfLink)
     _reload_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock)
     _stopping: set[asyncio.Task[None]] = attrs.field(factory=set)
+
+    @property
+    def draining(self) -> bool:
+        """Stopping: ``/readyz`` says 503, and plugins' calls to the gateway itself stop.
+
+        Kept on the :class:`SelfLink` every generation shares, so a plugin learns
+        it from its generation (``generation.self_link.draining``).
+        """
+        return self.self_link.draining
+
+    def start_draining(self) -> None:
+        """Mark the gateway draining: done before its port closes (and again at shutdown)."""
+        self.self_link.draining = True
 
     @property
     def config(self) -> Config:
@@ -148,7 +160,8 @@ class Gateway:
             await generation.stop()
 
     async def on_shutdown(self, app: web.Application) -> None:
-        self.draining = True
+        # For an app run by another runner; prism's own drain marked it before closing.
+        self.start_draining()
 
 
 GATEWAY = web.AppKey("prism_gateway", Gateway)

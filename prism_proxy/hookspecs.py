@@ -6,9 +6,10 @@ Implement a hook with ``@prism_proxy.hookimpl`` on a function of the same name
 in the module (or object) your ``prism_proxy`` entry point names.  Only the
 arguments you list are passed to you.
 
-Decision hooks (``prism_authenticate``, ``prism_select_route``,
-``prism_admit_attempt``, ``prism_classify``) are synchronous: pluggy cannot
-await, and an ``async def`` implementation would break ``firstresult``.  Do
+Decision hooks (``prism_authenticate``, ``prism_model_allowed``,
+``prism_select_route``, ``prism_admit_attempt``, ``prism_classify``) are
+synchronous: pluggy cannot await, and an ``async def`` implementation would
+break ``firstresult``.  Do
 I/O in a background task your generation object starts (``prism_generation``)
 and read its results from memory.  Effect
 hooks (``prism_on_attempt``, ``prism_settle``) may return an awaitable, which
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
     from .catalog import Binding, CatalogKeys, ModelSpec
-    from .commands import Commands
+    from .commands import CheckLine, Commands
     from .config import Config
     from .generation import Generation
     from .orgs import OrgSetting
@@ -153,6 +154,38 @@ def prism_workers(generation: Generation, count: int) -> str | None:
 
 
 @hookspec
+def prism_check(
+    generation: Generation, offline: bool
+) -> Iterable[CheckLine] | Awaitable[Iterable[CheckLine]] | None:
+    """Tell ``prism check`` whether this plugin is on, and whether what it needs answers.
+
+    Called once by ``prism check`` (never by ``prism serve``), after the
+    configuration, catalog and every plugin's ``prism_generation`` checked
+    out, with that generation (built, never started: nothing of yours is
+    open).  Return ``CheckLine(subject, text, ok=True)`` lines, or an
+    awaitable resolving to them: ``subject`` is what an operator asks about
+    (``billing``, ``keys``, ``shared state``), ``text`` says whether it is on
+    and why, where, and what was found (``off: no [prism:billing] section``,
+    ``on, ledger postgresql://prism:***@db/prism: reachable, table ledger
+    present``).
+
+    Unless ``offline``, reach every database or service your configuration
+    names, as ``prism serve`` would, with a connection of your own opened
+    and closed here, a timeout of a few seconds, and **read-only**: never
+    create a table, write a key or take a lock (``prism check`` runs against
+    production).  A service that does not answer is a line with
+    ``ok=False`` (``CheckLine.unreachable`` words it and hides the URL's
+    password); any line with ``ok=False`` makes ``prism check`` exit 1.
+    With ``offline`` touch no network: say what is configured.
+
+    Never put a password, key or prompt in a line (``redact_url``).  An
+    implementation that raises, or whose awaitable takes more than 30 s, is
+    reported as a failed line naming the plugin.  Fan-out; the awaitables
+    run side by side.
+    """
+
+
+@hookspec
 def prism_readyz(generation: Generation) -> Mapping[str, object] | None:
     """Facts this plugin adds to ``GET /readyz`` (e.g. ``{"shared_state": "degraded"}``).
 
@@ -205,6 +238,23 @@ def prism_authenticate(call: Call) -> Principal | None:
     implementation decide.  The built-in default
     (``trylast``) accepts everyone as anonymous.  First result wins.  Must not
     log or echo the credential.
+    """
+
+
+@hookspec
+def prism_model_allowed(call: Call, model: ModelSpec) -> bool | None:
+    """May the caller of ``call`` use ``model``?  Return False to say no.
+
+    Asked by ``GET /v1/models`` for every catalog model, after
+    ``prism_authenticate`` accepted the caller (``call.endpoint`` is
+    ``models``; ``call.principal`` and what authentication put in
+    ``call.extensions`` are there), and by ``GET /v1/models/{id}``: a model
+    some implementation says False for is left out of the list and answered
+    404 ``model_not_found``, so a caller sees only what it may call.  Return
+    None (or True) to leave it to the others.  A plugin that refuses calls
+    on a model (in ``prism_call_start``) answers here with the same rule, so
+    the list and the calls agree.  Synchronous and cheap.  Fan-out: listed
+    only when no implementation says False.
     """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -14,6 +15,7 @@ import pluggy
 from . import hookspecs
 from .config import Config
 from .defaults import default_plugins
+from .distribution import DISTRIBUTION
 from .errors import ConfigError
 from .orgs import OrgSetting, collect_org_settings
 from .providers import ParamProfile, ProviderFactory
@@ -21,6 +23,7 @@ from .providers import ParamProfile, ProviderFactory
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginInfo",
+    "authenticating_plugins",
     "describe_plugins",
     "declared_org_settings",
     "disabled_owner",
@@ -55,10 +58,7 @@ def make_plugin_manager(
         if name not in installed:
             # A typo (``breakr``) would leave the plugin it meant running.
             raise ConfigError(
-                config.source,
-                "[prism] disable",
-                f"no installed plugin is named {name!r} "
-                f"(installed: {', '.join(sorted(installed)) or 'none'})",
+                config.source, "[prism] disable", _not_installed(name, repr, installed)
             )
     for name in config.disable:
         pm.set_blocked(name)
@@ -103,10 +103,31 @@ def make_plugin_manager(
             raise ConfigError(
                 config.source,
                 f"[prism:{name}]",
-                f"no installed plugin is named {name!r} "
-                f"(installed: {', '.join(sorted(installed)) or 'none'})",
+                _not_installed(name, lambda close: f"[prism:{close}]", installed),
             )
     return pm
+
+
+def _not_installed(name: str, spelt: Callable[[str], str], installed: set[str]) -> str:
+    """The problem with a plugin name nothing installed has, suggesting the closest one
+    (spelt as the operator would write it)."""
+    close = difflib.get_close_matches(name, sorted(installed), n=1)
+    hint = f"did you mean {spelt(close[0])}? " if close else ""
+    return (
+        f"no installed plugin is named {name!r} "
+        f"({hint}installed: {', '.join(sorted(installed)) or 'none'})"
+    )
+
+
+#: The core's ``prism_authenticate``, which accepts everyone as anonymous.
+DEFAULT_AUTH = "prism.default-auth"
+
+
+def authenticating_plugins(pm: pluggy.PluginManager) -> list[str]:
+    """The registered names of what authenticates callers; empty: the gateway is open."""
+    return sorted(
+        {impl.plugin_name for impl in pm.hook.prism_authenticate.get_hookimpls()} - {DEFAULT_AUTH}
+    )
 
 
 def installed_names(load_entrypoints: bool = True) -> set[str]:
@@ -241,7 +262,7 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[PluginInfo]:
         if dist is not None:
             project, version = dist.project_name, dist.version
         elif name.startswith("prism."):
-            project, version = "prism-proxy", _version("prism-proxy")
+            project, version = DISTRIBUTION, _version(DISTRIBUTION)
         else:
             project, version = "(registered directly)", "-"
         infos.append(PluginInfo(name, project, version, _location(plugin)))

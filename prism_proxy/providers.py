@@ -21,6 +21,7 @@ import attrs
 
 from .call import Call, Endpoint
 from .catalog import Binding, Catalog, ProviderSpec
+from .distribution import DISTRIBUTION
 from .errors import ConfigError
 from .upstream_http import UpstreamClient
 
@@ -183,7 +184,7 @@ class HttpProvider(Provider):
     raises aiohttp's exceptions, as ``Provider.send`` says.  Options every
     HTTP provider understands: ``max_connections`` (default 256) and
     ``connect_timeout_ms`` (default 10000).  ``base_headers`` holds what
-    every request should carry (``User-Agent: prism-proxy/<version>`` and a
+    every request should carry (``User-Agent: prism-llm-gateway/<version>`` and a
     JSON ``Content-Type``); a subclass builds its own headers on top of it,
     once, at start-up.
     """
@@ -195,7 +196,7 @@ class HttpProvider(Provider):
         self.max_connections = _positive_int(spec, "max_connections", 256)
         self.connect_timeout_s = _positive_int(spec, "connect_timeout_ms", 10_000) / 1000
         self.base_headers: dict[str, str] = {
-            "User-Agent": f"prism-proxy/{_distribution_version()}",
+            "User-Agent": f"{DISTRIBUTION}/{_distribution_version()}",
             "Content-Type": "application/json",
         }
         self._client: UpstreamClient | None = None
@@ -249,7 +250,7 @@ class HttpProvider(Provider):
 
 def _distribution_version() -> str:
     try:
-        return importlib.metadata.version("prism-proxy")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 

@@ -6,7 +6,10 @@ from typing import Any
 
 from .call import Call, Skip
 
-__all__ = ["attempt_log", "attempt_record", "prism_headers"]
+__all__ = ["REQUEST_ID_HEADER", "attempt_log", "attempt_record", "prism_headers"]
+
+#: The header every response carries: a call's id, or one of its own for any other answer.
+REQUEST_ID_HEADER = "x-prism-request-id"
 
 
 def attempt_record(call: Call) -> list[dict[str, Any]]:
@@ -37,7 +40,9 @@ def attempt_log(call: Call) -> str:
 
     An attempt is ``binding outcome status ms``; a binding left out is
     ``binding skipped reason`` or ``binding vetoed reason``; a note is
-    ``note text`` (words joined by ``-`` so each entry splits on spaces).
+    ``note text``.  Reasons and notes keep their spaces (a reader splits an
+    entry on its first two spaces, or its first one for a note); a ``;`` in
+    them becomes ``,`` so that entries still split on ``; ``.
     """
     parts = []
     for entry in call.record:
@@ -55,7 +60,7 @@ def attempt_log(call: Call) -> str:
 
 def prism_headers(call: Call) -> dict[str, str]:
     """The x-prism-* headers every response carries, success or error."""
-    headers = {"x-prism-request-id": call.request_id}
+    headers = {REQUEST_ID_HEADER: call.request_id}
     last = call.served or (call.attempts[-1] if call.attempts else None)
     if last is not None:
         headers["x-prism-provider"] = _header_safe(last.binding.provider)
@@ -74,7 +79,8 @@ def prism_headers(call: Call) -> dict[str, str]:
 
 
 def _token(text: str) -> str:
-    return "-".join(text.split()) or "-"
+    # One line, one space between words, and no "; " that would end the entry early.
+    return " ".join(text.replace(";", ",").split()) or "-"
 
 
 def _header_safe(text: str) -> str:

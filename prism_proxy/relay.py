@@ -47,10 +47,7 @@ def _relay_body(call: Call, served: Served) -> Answer:
     prepared = served.prepared
     wire = prepared.provider_wire
     usage = checked_usage(
-        call,
-        served.attempt.binding,
-        wire.usage_update(None, result.json),
-        wire.answer_chars(result.json),
+        call, served, wire.usage_update(None, result.json), wire.answer_chars(result.json)
     )
     served.attempt.finish_reason = wire.finish_reason(result.json)
     call.settlement = Settlement(
@@ -72,7 +69,7 @@ def _usage_so_far(call: Call, served: Served, stream: UpstreamStream) -> Usage:
     """What the answer used: as reported, or, for a cut stream, at least what was delivered."""
     reported = stream.usage
     if stream.done or reported is None:
-        return checked_usage(call, served.attempt.binding, reported, stream.delivered_chars)
+        return checked_usage(call, served, reported, stream.delivered_chars)
     # Cut short: the report (e.g. Anthropic's message_start) predates most of the output.
     guess = estimate(call, stream.delivered_chars)
     return attrs.evolve(

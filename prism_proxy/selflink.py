@@ -7,6 +7,11 @@ authentication (it is no customer's) and is recorded as that traffic.  The
 token never leaves the process; ``prism serve --workers N`` gives every worker
 the same one (``PRISM_INTERNAL_TOKEN``), since a call to the port may reach
 any of them.
+
+Once the gateway drains (``draining``, set before its port closes), a call to
+itself may fail for the gateway's own reasons (its port closed, its client
+closed): such a plugin sends no more, and takes no failure from then on as
+evidence against an upstream.
 """
 
 from __future__ import annotations
@@ -31,3 +36,5 @@ class SelfLink:
     #: ``http://host:port`` once the gateway listens (None before, or when embedded).
     url: str | None = None
     token: str = attrs.field(factory=_token, repr=False)
+    #: Set when the gateway starts draining, before its port closes; never cleared.
+    draining: bool = False

@@ -1,6 +1,6 @@
 """A pytest plugin for testing Prism and Prism plugins through the real server.
 
-Installed with ``prism-proxy`` (entry point ``pytest11``), so a vendor's
+Installed with ``prism-llm-gateway`` (entry point ``pytest11``), so a vendor's
 provider plugin is tested exactly the way the core's are:
 
 - ``prism_fake``: a running fake upstream (needs ``prism-fake-upstream``);
@@ -26,7 +26,15 @@ import resource
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -165,23 +173,30 @@ async def serve_process(
     env: Mapping[str, str] | None = None,
     stderr: Any = asyncio.subprocess.PIPE,
     timeout_s: float = 15.0,
+    args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``prism serve --config config`` and return once its ``/readyz`` answers 200.
 
-    ``port`` must be the one the config listens on.  The caller stops the
-    process (SIGTERM to drain, SIGKILL to crash it).
+    ``port`` must be the one the config listens on.  ``args`` go after
+    ``--config``; ``wrapper`` is a command that execs the rest (a sandbox, say).
+    The caller stops the process (SIGTERM to drain, SIGKILL to crash it).
     """
     import aiohttp
 
     process = await asyncio.create_subprocess_exec(
+        *wrapper,
         sys.executable,
         "-m",
         "prism_proxy.cli",
         "serve",
         "--config",
         str(config),
+        *args,
         stderr=stderr,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:

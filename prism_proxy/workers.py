@@ -5,7 +5,10 @@ every worker, so all of them accept on one port, a restarted worker never
 loses it, and no other process can take it in between.  A worker that dies
 is restarted with backoff (1 s, doubling to 30 s; back to 1 s once a worker
 has run a minute) and logged.  SIGTERM drains every worker (each has
-``shutdown_grace_s``), SIGHUP makes every worker reload.
+``shutdown_grace_s``, then :data:`CLEANUP_S` to clean up before it is
+killed), SIGHUP makes every worker reload.  The supervisor exits 0 only when
+every worker drained and exited 0 on its own; a worker killed or failing at
+the end is logged and makes it exit 1.
 
 Before it starts them, the supervisor asks the plugins whether their state
 can be split across processes (``prism_workers``): one that cannot (a
@@ -36,7 +39,7 @@ from .config import Config
 from .selflink import INTERNAL_TOKEN_ENV
 from .telemetry import WORKERS_DIR_ENV
 
-__all__ = ["MAX_BACKOFF_S", "Supervisor"]
+__all__ = ["CLEANUP_S", "MAX_BACKOFF_S", "Supervisor"]
 
 log = logging.getLogger("prism.workers")
 
@@ -44,6 +47,9 @@ log = logging.getLogger("prism.workers")
 MAX_BACKOFF_S = 30.0
 #: A worker that ran this long before it died is restarted at once (1 s).
 HEALTHY_RUN_S = 60.0
+#: After its grace, how long a stopping worker has to clean up (stop plugins, write
+#: their last state) before it is killed.
+CLEANUP_S = 10.0
 
 
 @attrs.define(eq=False)
@@ -60,6 +66,8 @@ class Supervisor:
     shared_dir: str | None = None
     #: One internal token for every worker: a call to the port may reach any of them.
     internal_token: str = attrs.field(factory=lambda: secrets.token_urlsafe(24), repr=False)
+    #: Workers that did not stop cleanly when asked (killed, or a status other than 0).
+    unclean: int = 0
 
     def _argv(self) -> list[str]:
         fds = ",".join(str(sock.fileno()) for sock in self.sockets)
@@ -91,7 +99,7 @@ class Supervisor:
                 loop.remove_signal_handler(signum)
             shutil.rmtree(self.shared_dir, ignore_errors=True)
         log.info("all workers stopped")
-        return 0
+        return 1 if self.unclean else 0
 
     def _forward(self, signum: int) -> None:
         log.info("reloading every worker")
@@ -142,9 +150,19 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(ended, self.config.shutdown_grace_s + 10)
+            await asyncio.wait_for(ended, self.config.shutdown_grace_s + CLEANUP_S)
         except TimeoutError:
+            self.unclean += 1
             log.error("worker %d (pid %d) did not stop in time; killing it", slot, process.pid)
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+            return
+        if process.returncode != 0:
+            self.unclean += 1
+            log.warning(
+                "worker %d (pid %d) exited with status %s while draining",
+                slot,
+                process.pid,
+                process.returncode,
+            )

@@ -8,6 +8,26 @@ import pytest
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
+def nested(levels: int) -> list:
+    """An array ``levels`` deep: ``[[[]]]`` is 3."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def chat(**fields: object) -> dict:
+    return {"model": "chat-a", "messages": MESSAGES, **fields}
+
+
+def messages(*turns: dict, **fields: object) -> dict:
+    return {"model": "chat-a", "max_tokens": 10, "messages": list(turns) or MESSAGES, **fields}
+
+
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+
+
 @pytest.fixture
 async def post(prism_fake, prism_gateway, catalog):
     gw = await prism_gateway(catalog, config={"max_body_bytes": 4096})
@@ -130,6 +150,163 @@ async def post(prism_fake, prism_gateway, catalog):
             "model_not_found",
             "model",
         ),
+        # Beneath the top level: every member a translation reads, on any line.
+        ("/chat/completions", chat(tools=[1]), 400, "invalid_type", "tools[0]"),
+        (
+            "/chat/completions",
+            chat(tools=[{"type": "function", "function": {"name": "f", "parameters": [1]}}]),
+            400,
+            "invalid_type",
+            "tools[0].function.parameters",
+        ),
+        (
+            "/chat/completions",
+            chat(tools=[{"type": "function"}]),
+            400,
+            "missing_field",
+            "tools[0].function",
+        ),
+        (
+            "/chat/completions",
+            chat(tool_choice={"type": "function", "function": "f"}),
+            400,
+            "invalid_type",
+            "tool_choice.function",
+        ),
+        ("/chat/completions", chat(stop=["a", 5]), 400, "invalid_type", "stop[1]"),
+        ("/chat/completions", chat(user=7), 400, "invalid_type", "user"),
+        ("/chat/completions", chat(modalities=3), 400, "invalid_type", "modalities"),
+        (
+            "/chat/completions",
+            chat(response_format="json"),
+            400,
+            "invalid_type",
+            "response_format",
+        ),
+        (
+            "/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}]),
+            400,
+            "invalid_type",
+            "messages[0].content[0].text",
+        ),
+        (
+            "/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]),
+            400,
+            "invalid_type",
+            "messages[0].content[0].image_url",
+        ),
+        (
+            "/chat/completions",
+            chat(messages=[{"role": "user", "content": [{"type": ["text"]}]}]),
+            400,
+            "invalid_type",
+            "messages[0].content[0]",
+        ),
+        (
+            "/chat/completions",
+            chat(messages=[{"role": "assistant", "content": "x", "tool_calls": [1]}]),
+            400,
+            "invalid_type",
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            "/chat/completions",
+            chat(
+                messages=[
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{**TOOL_CALL, "function": {"name": "f", "arguments": {}}}],
+                    }
+                ]
+            ),
+            400,
+            "invalid_type",
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            "/chat/completions",
+            chat(
+                messages=[
+                    {"role": "assistant", "tool_calls": [TOOL_CALL]},
+                    {"role": "tool", "tool_call_id": 5, "content": "sunny"},
+                ]
+            ),
+            400,
+            "invalid_type",
+            "messages[1].tool_call_id",
+        ),
+        ("/messages", messages(tools=[1]), 400, "invalid_type", "tools[0]"),
+        (
+            "/messages",
+            messages(tools=[{"name": "f", "input_schema": "object"}]),
+            400,
+            "invalid_type",
+            "tools[0].input_schema",
+        ),
+        (
+            "/messages",
+            messages(
+                {"role": "assistant", "content": [TOOL_USE]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": 5, "content": "sunny"}],
+                },
+            ),
+            400,
+            "invalid_type",
+            "messages[1].content[0].tool_use_id",
+        ),
+        (
+            "/messages",
+            messages({"role": "assistant", "content": [{**TOOL_USE, "input": "{}"}]}),
+            400,
+            "invalid_type",
+            "messages[0].content[0].input",
+        ),
+        (
+            "/messages",
+            messages({"role": "user", "content": [{"type": "image", "source": "x"}]}),
+            400,
+            "invalid_type",
+            "messages[0].content[0].source",
+        ),
+        (
+            "/messages",
+            messages({"role": "user", "content": [{"type": {"text": "x"}}]}),
+            400,
+            "invalid_type",
+            "messages[0].content[0]",
+        ),
+        (
+            "/messages",
+            messages(system=[{"type": "text", "text": 5}]),
+            400,
+            "invalid_type",
+            "system[0].text",
+        ),
+        ("/messages", messages(system=[{"type": "image"}]), 400, "invalid_value", "system[0].type"),
+        ("/messages", messages(stop_sequences=["a", 1]), 400, "invalid_type", "stop_sequences[1]"),
+        ("/messages", messages(metadata={"user_id": 5}), 400, "invalid_type", "metadata.user_id"),
+        (
+            "/messages",
+            messages(tool_choice={"type": "tool"}),
+            400,
+            "missing_field",
+            "tool_choice.name",
+        ),
+        # Deeper than the request to the upstream could be written, in any field.
+        ("/chat/completions", chat(x=nested(255)), 400, "body_too_deep", "x"),
+        ("/chat/completions", chat(metadata={"a": nested(128)}), 400, "body_too_deep", "metadata"),
+        ("/messages", messages(x={"y": nested(300)}), 400, "body_too_deep", "x"),
+        (
+            "/embeddings",
+            {"model": "embed-a", "input": "x", "x": nested(200)},
+            400,
+            "body_too_deep",
+            "x",
+        ),
         ("/embeddings", {"model": "embed-a"}, 400, "missing_field", "input"),
         ("/embeddings", {"model": "embed-a", "input": []}, 400, "invalid_type", "input"),
         (
@@ -150,6 +327,16 @@ async def test_invalid_fields_are_named(post, path, body, status, code, param):
     assert param.split("[")[0].split(".")[0] in error["message"]
     assert headers["x-prism-attempts"] == "0"
     assert headers["x-prism-request-id"].startswith("req_")
+
+
+async def test_a_body_as_deep_as_the_limit_is_served(prism_fake, prism_gateway, catalog):
+    gw = await prism_gateway(catalog)
+    # The body is the first level, metadata the second: 128 in all.
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="chat-a", messages=MESSAGES, extra_body={"x": {"y": nested(126)}}
+    )
+    assert raw.http_response.status_code == 200
+    assert prism_fake.requests("ok")[-1].body["x"] == {"y": nested(126)}
 
 
 async def test_not_json(post):

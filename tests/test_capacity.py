@@ -46,7 +46,7 @@ async def test_a_full_line_sends_the_call_on_at_once(prism_fake, prism_gateway):
     assert prism_fake.hits("a") == 2
     moved = [raw for raw in answers if raw.headers["x-prism-provider"] == "b"]
     assert all(
-        raw.headers["x-prism-attempt-log"].startswith("a/up-a skipped full-(2-in-flight); ")
+        raw.headers["x-prism-attempt-log"].startswith("a/up-a skipped full (2 in flight); ")
         for raw in moved
     )
 

@@ -239,5 +239,5 @@ async def test_admit_attempt_can_veto_a_retry(prism_fake, prism_gateway, catalog
     log = raw.headers["x-prism-attempt-log"]
     # In order: the attempt, then the veto of its retry, then the next binding.
     assert log.startswith("beta/up-beta transient 500 ")
-    assert "; beta/up-beta vetoed veto:-one-try-each; alpha/up-alpha ok 200 " in log
+    assert "; beta/up-beta vetoed veto: one try each; alpha/up-alpha ok 200 " in log
     assert raw.headers["x-prism-provider"] == "alpha"

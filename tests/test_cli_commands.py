@@ -76,7 +76,7 @@ def test_version_names_the_distribution_version(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--version"])
     assert exit.value.code == 0
-    assert capsys.readouterr().out == f"prism {importlib.metadata.version('prism-proxy')}\n"
+    assert capsys.readouterr().out == f"prism {importlib.metadata.version('prism-llm-gateway')}\n"
 
 
 def test_no_arguments_prints_the_help(tmp_path, monkeypatch, capsys):

@@ -79,7 +79,7 @@ async def test_a_request_skips_lines_that_lack_its_capability(
     )
     raw = await chat(gw, **request_args)
     assert raw.headers["x-prism-provider"] == "b"
-    assert raw.headers["x-prism-attempt-log"].startswith(f"a/up-a skipped lacks-{capability}; ")
+    assert raw.headers["x-prism-attempt-log"].startswith(f"a/up-a skipped lacks {capability}; ")
     assert prism_fake.hits("a") == 0
     # A request that needs nothing is served by the first line as usual.
     plain = await chat(gw, messages=HI)
@@ -101,7 +101,7 @@ async def test_a_prompt_larger_than_a_lines_context_skips_it(prism_fake, prism_g
     raw = await chat(gw, messages=long)
     assert raw.headers["x-prism-provider"] == "b"
     assert (
-        "a/up-a skipped prompt-~125-tokens->-max_context_tokens-50"
+        "a/up-a skipped prompt ~125 tokens > max_context_tokens 50"
         in (raw.headers["x-prism-attempt-log"])
     )
     assert (await chat(gw, messages=HI)).headers["x-prism-provider"] == "a"

@@ -186,7 +186,7 @@ async def test_cross_tier_fallback_only_when_switched_on(prism_fake, prism_gatew
     assert raw.headers["x-prism-fallback"] == "cross-tier"
     assert raw.headers["x-prism-provider"] == "c"
     assert raw.headers["x-prism-model"] == "small-c"
-    assert "note cross-tier-fallback-to-small-(tier-economy)" in raw.headers["x-prism-attempt-log"]
+    assert "note cross-tier fallback to small (tier economy)" in raw.headers["x-prism-attempt-log"]
 
 
 @pytest.mark.parametrize("where", ["model", "global"])

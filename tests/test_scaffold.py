@@ -43,8 +43,8 @@ def run_generated_tests(directory: Path, *, site: Path | None = None) -> str:
 
     Its own pyproject.toml is the pytest configuration (``-c``, ``--rootdir``),
     so this repository's setup.cfg (importlib mode, testpaths) does not leak
-    in.  ``prism_proxy.testing`` arrives through prism-proxy's ``pytest11``
-    entry point, as for any author who installed prism-proxy (``-p
+    in.  ``prism_proxy.testing`` arrives through prism-llm-gateway's ``pytest11``
+    entry point, as for any author who installed prism-llm-gateway (``-p
     prism_proxy.testing`` on top would register it twice and stop pytest).
     """
     env = {
@@ -107,7 +107,7 @@ def test_policy_plugin_is_written_and_its_tests_pass(tmp_path, capsys):
     assert f"pytest {target}" in out
     project = tomllib.loads((target / "pyproject.toml").read_text())["project"]
     assert project["name"] == "prism-team-header"
-    assert "prism-proxy>=0.1" in project["dependencies"]
+    assert "prism-llm-gateway>=0.1" in project["dependencies"]
     assert project["entry-points"]["prism_proxy"] == {"team-header": "prism_team_header.plugin"}
     plugin = (target / "prism_team_header" / "plugin.py").read_text()
     assert 'HEADER = "x-team-header"' in plugin

@@ -349,7 +349,7 @@ async def test_untranslatable_request_skips_the_binding_that_cannot_take_it(
     )
     assert raw.headers["x-prism-provider"] == "claude"
     assert raw.headers["x-prism-attempt-log"].startswith(
-        "gpt/up-gpt skipped cannot-express-extended-thinking"
+        "gpt/up-gpt skipped cannot express extended thinking"
     )
     assert prism_fake.hits("gpt-ok") == 0
 
@@ -411,3 +411,104 @@ async def test_anthropic_sdk_model_list(prism_fake, prism_gateway):
     gw = await prism_gateway(catalog(prism_fake, ANTHROPIC_LINE))
     models = [m.id async for m in gw.anthropic().models.list()]
     assert models == ["m"]
+
+
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+HELLO = {"role": "user", "content": "Hello"}
+
+
+@pytest.mark.parametrize("line", [ANTHROPIC_LINE, OPENAI_LINE], ids=["translated", "native"])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [1]}, "tools[0]"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"messages": [HELLO, {"role": "assistant", "content": None, "tool_calls": [5]}]},
+            "messages[1].tool_calls[0]",
+        ),
+        (
+            {
+                "messages": [
+                    HELLO,
+                    {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                    {"role": "tool", "tool_call_id": 1, "content": "sunny"},
+                ]
+            },
+            "messages[2].tool_call_id",
+        ),
+    ],
+)
+async def test_openai_sdk_malformed_tools_are_the_callers_400_on_any_line(
+    prism_fake, prism_gateway, line, fields, param
+):
+    gw = await prism_gateway(catalog(prism_fake, line))
+    request = {"model": "m", "messages": [HELLO], **fields}
+    with pytest.raises(openai.BadRequestError) as info:
+        await gw.openai().chat.completions.create(**request)
+    assert (info.value.code, info.value.param) == ("invalid_type", param)
+    assert param in info.value.message
+    assert prism_fake.hits(line[2]) == 0
+
+
+@pytest.mark.parametrize("line", [ANTHROPIC_LINE, OPENAI_LINE], ids=["native", "translated"])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [1]}, "tools[0]"),
+        ({"tools": [{"name": "f", "input_schema": ["object"]}]}, "tools[0].input_schema"),
+        (
+            {
+                "messages": [
+                    HELLO,
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": 7, "content": "sunny"}],
+                    },
+                ]
+            },
+            "messages[2].content[0].tool_use_id",
+        ),
+        ({"tool_choice": {"type": ["tool"]}}, "tool_choice.type"),
+    ],
+)
+async def test_anthropic_sdk_malformed_tools_are_the_callers_400_on_any_line(
+    prism_fake, prism_gateway, line, fields, param
+):
+    gw = await prism_gateway(catalog(prism_fake, line))
+    request = {"model": "m", "max_tokens": 50, "messages": [HELLO], **fields}
+    with pytest.raises(anthropic.BadRequestError) as info:
+        await gw.anthropic().messages.create(**request)
+    error = info.value.body["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "invalid_type",
+        param,
+    )
+    assert prism_fake.hits(line[2]) == 0
+
+
+async def test_tool_arguments_too_deep_to_translate_skip_the_binding(prism_fake, prism_gateway):
+    # Arguments are a JSON text, not counted in the body's depth: parsed for
+    # Anthropic's input, they would nest past what the request can be written with.
+    gw = await prism_gateway(catalog(prism_fake, ANTHROPIC_LINE, OPENAI_LINE))
+    arguments = '{"a": ' + "[" * 300 + "]" * 300 + "}"
+    call = {**TOOL_CALL, "function": {"name": "f", "arguments": arguments}}
+    raw = await gw.openai().chat.completions.with_raw_response.create(
+        model="m",
+        messages=[
+            HELLO,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ],
+    )
+    assert raw.headers["x-prism-provider"] == "gpt"
+    assert raw.headers["x-prism-attempt-log"].startswith(
+        "claude/up-claude skipped cannot express tool call arguments nested more than 128"
+    )
+    assert prism_fake.hits("claude-ok") == 0

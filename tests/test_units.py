@@ -155,7 +155,7 @@ def test_attempt_log_and_headers_are_single_latin1_lines():
     attempt.elapsed_ms = 12.4
     attempt.status = 500
     log = attempt_log(call)
-    assert log.startswith("p/m skipped breaker-open; note stood-down; ")
+    assert log.startswith("p/m skipped breaker open; note stood down; ")
     assert "\n" not in log
     log.encode("latin-1")
     headers = prism_headers(call)

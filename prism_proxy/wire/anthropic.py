@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import orjson
 
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
+from .shape import ANTHROPIC_MEMBERS, anthropic_block
 
 __all__ = [
     "DONE_EVENT",
@@ -95,19 +97,19 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
         if isinstance(content, list):
             for part_index, block in enumerate(content):
                 kind = block.get("type") if isinstance(block, dict) else None
-                if kind in BLOCK_TYPES:
-                    continue
                 part = f"{where}.content[{part_index}]"
                 if not isinstance(kind, str):
                     raise _bad(
                         "invalid_type", f"'{part}' must be a content block with a type", part
                     )
-                raise _bad(
-                    "invalid_value",
-                    f"'{part}.type' must be a known content block type "
-                    f"({', '.join(sorted(BLOCK_TYPES))})",
-                    f"{part}.type",
-                )
+                if kind not in BLOCK_TYPES:
+                    raise _bad(
+                        "invalid_value",
+                        f"'{part}.type' must be a known content block type "
+                        f"({', '.join(sorted(BLOCK_TYPES))})",
+                        f"{part}.type",
+                    )
+                anthropic_block(block, kind, part)
         elif not isinstance(content, str):
             raise _bad(
                 "invalid_type",
@@ -132,6 +134,10 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
         value = body.get(key)
         if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
             raise _bad("invalid_type", f"'{key}' must be {what}", key)
+    for key, members in ANTHROPIC_MEMBERS.items():
+        value = body.get(key)
+        if value is not None:
+            members(value)
     return model, stream
 
 
@@ -219,11 +225,26 @@ def _reason(holder: Any) -> str:
     return value[:32] if isinstance(value, str) and value else "other"
 
 
+#: Reasoning blocks whose text cannot tell what they cost: a thinking block's
+#: text may be a summary of the thinking billed (Claude 4) or omitted, and a
+#: redacted one is encrypted.
+_REASONING_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _has_reasoning(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") in _REASONING_BLOCKS for block in content
+    )
+
+
 def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
     """Usage from a whole message, a message_start or a message_delta, merged over ``previous``.
 
     Prism's ``input_tokens`` counts every prompt token, cached or not, so
-    Anthropic's separate cache counts are added back in.
+    Anthropic's separate cache counts are added back in.  The thinking share
+    of the output (``output_tokens_details.thinking_tokens``) is
+    ``reasoning_tokens``; a reasoning block (in a whole message, or a
+    stream's content_block_start) marks ``reasoning_unmeasured``.
     """
     if not isinstance(payload, dict):
         return previous
@@ -231,8 +252,19 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
     if kind == "message_start":
         message = payload.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
-    elif kind in ("message_delta", "message"):
+    elif kind == "message_delta":
         usage = payload.get("usage")
+    elif kind == "message":
+        usage = payload.get("usage")
+    elif kind == "content_block_start":
+        # The stream's report so far (message_start's) carries the mark to its end.
+        if (
+            previous is None
+            or previous.reasoning_unmeasured
+            or not _has_reasoning([payload.get("content_block")])
+        ):
+            return previous
+        return attrs.evolve(previous, reasoning_unmeasured=True)
     else:
         return previous
     if not isinstance(usage, dict):
@@ -248,6 +280,9 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
         )
         if usage.get(key) is not None
     }
+    details = usage.get("output_tokens_details")
+    if isinstance(details, dict) and details.get("thinking_tokens") is not None:
+        counts["thinking_tokens"] = token_count(details["thinking_tokens"])
     if None in counts.values():
         return Usage(suspect=True)
     read = counts.get("cache_read_input_tokens")
@@ -260,12 +295,16 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
     else:
         input_tokens = base.input_tokens
     output = counts.get("output_tokens")
+    thinking = counts.get("thinking_tokens")
     return Usage(
         input_tokens=input_tokens,
         output_tokens=output if output is not None else base.output_tokens,
         cached_input_tokens=cached,
         cache_creation_tokens=creation,
+        reasoning_tokens=thinking if thinking is not None else base.reasoning_tokens,
         suspect=base.suspect,
+        reasoning_unmeasured=base.reasoning_unmeasured
+        or (kind == "message" and _has_reasoning(payload.get("content"))),
     )
 
 

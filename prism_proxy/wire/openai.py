@@ -11,6 +11,7 @@ import orjson
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
+from .shape import CHAT_MEMBERS, openai_message, openai_part
 
 __all__ = [
     "ChunkKind",
@@ -60,6 +61,12 @@ _CHAT_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "presence_penalty": ((int, float), "a number"),
     "frequency_penalty": ((int, float), "a number"),
     "tools": ((list,), "an array"),
+    "tool_choice": ((str, dict), "a string or an object"),
+    "parallel_tool_calls": ((bool,), "true or false"),
+    "stop": ((str, list), "a string or an array of strings"),
+    "user": ((str,), "a string"),
+    "response_format": ((dict,), "an object"),
+    "modalities": ((list,), "an array of strings"),
     "metadata": ((dict,), "an object"),
 }
 _AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n")
@@ -75,26 +82,33 @@ def _check_chat_fields(body: dict[str, Any]) -> None:
         value = _optional(body, key, types, what)
         if key in _AT_LEAST_ONE and value is not None and value < 1:
             raise _bad("invalid_value", f"'{key}' must be at least 1", key)
+        members = CHAT_MEMBERS.get(key)
+        if members is not None and value is not None:
+            members(value)
 
 
 #: The roles and content part types of the Chat Completions API; the upstream
 #: rejects anything else, but only after the call was dispatched (and billed).
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 PART_TYPES = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+#: Roles whose messages carry nothing but their content (assistant and tool
+#: messages carry tool calls and call ids, checked one by one).
+_PLAIN_ROLES = frozenset({"system", "developer", "user"})
 
 
 def _check_parts(parts: list[Any], where: str) -> None:
     for index, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
+        at = f"{where}.content[{index}]"
+        if not isinstance(kind, str):
+            raise _bad("invalid_type", f"'{at}' must be a content part with a type", at)
         if kind not in PART_TYPES:
-            at = f"{where}.content[{index}]"
-            if not isinstance(kind, str):
-                raise _bad("invalid_type", f"'{at}' must be a content part with a type", at)
             raise _bad(
                 "invalid_value",
                 f"'{at}.type' must be one of {', '.join(sorted(PART_TYPES))}",
                 f"{at}.type",
             )
+        openai_part(part, kind, at)
 
 
 def _check_message(message: Any, where: str) -> None:
@@ -118,6 +132,7 @@ def _check_message(message: Any, where: str) -> None:
             f"'{where}.content' must be a string or an array of content parts",
             f"{where}.content",
         )
+    openai_message(message, role, where)
 
 
 def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
@@ -134,7 +149,11 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
         # Most messages pass these tests; the rest are judged, and named, one by one.
         if isinstance(message, dict):
             role, content = message.get("role"), message.get("content")
-            if type(role) is str and role in ROLES and (content is None or type(content) is str):
+            if (
+                type(role) is str
+                and role in _PLAIN_ROLES
+                and (content is None or type(content) is str)
+            ):
                 continue
         _check_message(message, f"messages[{index}]")
     _check_chat_fields(body)

@@ -5,6 +5,10 @@ made (parameters dropped because they cannot change the answer, such as a
 cache hint), or raises :class:`Untranslatable` naming the feature the target
 API lacks, so the binding is skipped before dispatch and the record says why.
 Nothing that changes the answer is ever dropped silently.
+
+The body has passed its wire's validation (``validate_chat``,
+``validate_messages``): every member read here is of the type the API
+defines (``wire.shape``), so a translator never meets one it cannot handle.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import orjson
 
 from .openai import tool_use_to_call
+from .shape import MAX_DEPTH, deeper_than
 
 __all__ = ["Untranslatable", "anthropic_to_openai", "openai_to_anthropic"]
 
@@ -118,7 +123,28 @@ def _openai_parts_to_blocks(content: Any) -> list[dict[str, Any]]:
 def _system_text(content: Any) -> str:
     if isinstance(content, str):
         return content
-    return "\n".join(p.get("text", "") for p in content or () if p.get("type") == "text")
+    texts = []
+    for part in content or ():
+        if part["type"] != "text":
+            raise Untranslatable(f"system content part type {part['type']!r}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _tool_input(call: dict[str, Any]) -> Any:
+    """A tool call's arguments (a JSON text) as the object Anthropic's ``input`` is."""
+    if call.get("type") not in (None, "function"):
+        raise Untranslatable(f"tool call type {call['type']!r}")
+    try:
+        arguments = orjson.loads(call["function"]["arguments"] or "{}")
+    except orjson.JSONDecodeError:
+        raise Untranslatable("tool call arguments that are not JSON") from None
+    if not isinstance(arguments, dict):
+        raise Untranslatable("tool call arguments that are not a JSON object")
+    # The text was never counted in the body's depth: parsed, it nests in it.
+    if deeper_than(arguments, MAX_DEPTH):
+        raise Untranslatable(f"tool call arguments nested more than {MAX_DEPTH} levels deep")
+    return arguments
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
@@ -159,16 +185,12 @@ def openai_to_anthropic(
         elif role == "assistant":
             blocks = _openai_parts_to_blocks(content)
             for call in message.get("tool_calls") or ():
-                function = call.get("function") or {}
-                try:
-                    arguments = orjson.loads(function.get("arguments") or "{}")
-                except orjson.JSONDecodeError:
-                    raise Untranslatable("tool call arguments that are not JSON") from None
+                arguments = _tool_input(call)
                 blocks.append(
                     {
                         "type": "tool_use",
-                        "id": call.get("id"),
-                        "name": function.get("name"),
+                        "id": call["id"],
+                        "name": call["function"]["name"],
                         "input": arguments,
                     }
                 )

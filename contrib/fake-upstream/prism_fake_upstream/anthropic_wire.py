@@ -8,6 +8,7 @@ SDK's types): ``message_start``, ``content_block_start``, ``ping``,
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -196,31 +197,69 @@ def _tool_to_call(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 @attrs.frozen
 class _Answer:
-    """What the fake "generates": text tokens or one tool call, and why it stopped."""
+    """What the fake "generates": text tokens or one tool call, and why it stopped.
+
+    Before them, optionally (``Fault.redacted_thinking``, ``Fault.thinking``)
+    a redacted_thinking block and a signed thinking block, in that order.
+    """
 
     tokens: Sequence[str]  # text pieces, or the tool input's JSON fragments
     stop_reason: str
     tool_id: str | None = None
     tool_name: str | None = None
     tool_input: Mapping[str, Any] | None = None
+    thinking: Sequence[str] | None = None  # the thinking block's pieces
+    redacted_thinking: str | None = None
+    signature: str = ""
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.tokens) + len(self.thinking or ())
+
+    def reasoning(self) -> list[dict[str, Any]]:
+        """The thinking blocks that open the content (none unless the Fault asks)."""
+        blocks: list[dict[str, Any]] = []
+        if self.redacted_thinking is not None:
+            blocks.append({"type": "redacted_thinking", "data": self.redacted_thinking})
+        if self.thinking is not None:
+            thought = "".join(self.thinking)
+            blocks.append({"type": "thinking", "thinking": thought, "signature": self.signature})
+        return blocks
 
     def content(self) -> list[dict[str, Any]]:
+        blocks = self.reasoning()
         if self.tool_name is not None:
-            return [
+            blocks.append(
                 {
                     "type": "tool_use",
                     "id": self.tool_id,
                     "name": self.tool_name,
                     "input": self.tool_input,
                 }
-            ]
-        if not self.tokens:
-            # The API sends no block at all when nothing visible was generated.
-            return []
-        return [{"type": "text", "text": "".join(self.tokens)}]
+            )
+        elif self.tokens:
+            blocks.append({"type": "text", "text": "".join(self.tokens)})
+        # The API sends no text block at all when nothing visible was generated.
+        return blocks
 
 
 def _plan(body: Mapping[str, Any], messages: Sequence[Any], model: str, ex: Exchange) -> _Answer:
+    answer = _plan_visible(body, messages, model, ex)
+    fault = ex.fault
+    if fault.thinking is None and fault.redacted_thinking is None:
+        return answer
+    return attrs.evolve(
+        answer,
+        thinking=None if fault.thinking is None else split_tokens(fault.thinking),
+        redacted_thinking=fault.redacted_thinking,
+        # Opaque to clients, like the API's: base64 of bytes that mean nothing.
+        signature=base64.b64encode(os.urandom(48)).decode(),
+    )
+
+
+def _plan_visible(
+    body: Mapping[str, Any], messages: Sequence[Any], model: str, ex: Exchange
+) -> _Answer:
     fault = ex.fault
     if fault.empty_length:
         # max_tokens reached before any visible text: content [] (not an empty
@@ -271,6 +310,11 @@ _JSON_DELTA_HEAD = (
     b'data: {"type":"content_block_delta","index":0,'
     b'"delta":{"type":"input_json_delta","partial_json":'
 )
+_THINKING_DELTA_HEAD = (
+    b"event: content_block_delta\n"
+    b'data: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"thinking_delta","thinking":'
+)
 _DELTA_TAIL = b"}}\n\n"
 
 
@@ -283,6 +327,22 @@ def _stream_error_event(error: Mapping[str, Any]) -> bytes:
     if "error" in error:
         return _event("error", {"type": "error", **error})
     return _event("error", {"type": "error", "error": error})
+
+
+def _at(index: int, head: bytes) -> bytes:
+    """A delta head (written for block 0) for the block at ``index``."""
+    return head if index == 0 else head.replace(b'"index":0,', b'"index":%d,' % index, 1)
+
+
+def _block_start(index: int, block: Mapping[str, Any]) -> bytes:
+    payload = {"type": "content_block_start", "index": index, "content_block": block}
+    return _event("content_block_start", payload)
+
+
+def _block_stop(index: int) -> bytes:
+    if index == 0:
+        return _BLOCK_STOP
+    return _event("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
 async def _stream_message(
@@ -308,6 +368,35 @@ async def _stream_message(
         "usage": start_usage,
     }
     opening = [_event("message_start", {"type": "message_start", "message": start})]
+    pieces: list[bytes] = []
+
+    def between(*events: bytes) -> None:
+        # A block's boundary events go with the piece before them (the opening
+        # before any): a stream cut after K pieces ends inside a block.
+        if pieces:
+            pieces[-1] += b"".join(events)
+        else:
+            opening.extend(events)
+
+    index = 0
+    if answer.redacted_thinking is not None:
+        # The API sends a redacted block whole in its start event: no deltas.
+        redacted = {"type": "redacted_thinking", "data": answer.redacted_thinking}
+        between(_block_start(index, redacted), _block_stop(index))
+        index += 1
+    if answer.thinking is not None:
+        between(_block_start(index, {"type": "thinking", "thinking": "", "signature": ""}))
+        head = _at(index, _THINKING_DELTA_HEAD)
+        pieces.extend(head + orjson.dumps(token) + _DELTA_TAIL for token in answer.thinking)
+        signature = {"type": "signature_delta", "signature": answer.signature}
+        between(
+            _event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": signature},
+            ),
+            _block_stop(index),
+        )
+        index += 1
     has_block = bool(answer.tokens) or answer.tool_name is not None
     if answer.tool_name is not None:
         block: dict[str, Any] = {
@@ -316,19 +405,16 @@ async def _stream_message(
             "name": answer.tool_name,
             "input": {},
         }
-        delta_head = _JSON_DELTA_HEAD
+        delta_head = _at(index, _JSON_DELTA_HEAD)
     else:
         block = {"type": "text", "text": ""}
-        delta_head = _TEXT_DELTA_HEAD
+        delta_head = _at(index, _TEXT_DELTA_HEAD)
     if has_block:
-        opening.append(
-            _event(
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": block},
-            )
-        )
-    opening.append(_PING)
-    closing = [_BLOCK_STOP] if has_block else []
+        between(_block_start(index, block))
+    # The API pings right after the first block starts (or the message, without one).
+    opening.insert(2 if len(opening) > 1 else 1, _PING)
+    pieces.extend(delta_head + orjson.dumps(token) + _DELTA_TAIL for token in answer.tokens)
+    closing = [_block_stop(index)] if has_block else []
     closing.append(
         _event(
             "message_delta",
@@ -344,7 +430,7 @@ async def _stream_message(
         ex,
         headers,
         b"".join(opening),
-        [delta_head + orjson.dumps(token) + _DELTA_TAIL for token in answer.tokens],
+        pieces,
         b"".join(closing),
         _stream_error_event,
     )
@@ -368,7 +454,7 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
         "input_tokens": _input_tokens(body, messages),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
-        "output_tokens": len(answer.tokens),
+        "output_tokens": answer.output_tokens,
     }
     if fault.usage and not stream:
         # A stream spreads usage over two events; _stream_message applies it there.
@@ -390,7 +476,8 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
         )
 
     # A real upstream takes as long to answer as it takes to generate.
-    await ex.pause(fault.first_token_delay_s + fault.token_delay_s * max(len(answer.tokens) - 1, 0))
+    pause = fault.first_token_delay_s + fault.token_delay_s * max(answer.output_tokens - 1, 0)
+    await ex.pause(pause)
     return web.Response(
         body=json_bytes(message),
         headers=ex.response_headers({**_JSON_HEADERS, "request-id": _request_id()}),

@@ -92,6 +92,16 @@ class Fault:
     #: invalid UTF-8 as well as invalid JSON.
     bad_event: bytes | None = attrs.field(default=None, converter=_to_event)
     bad_event_at: int = attrs.field(default=0, validator=_non_negative)
+    #: Anthropic only: the answer opens with a signed ``thinking`` block of this
+    #: text (streamed as ``thinking_delta`` pieces, then a ``signature_delta``);
+    #: its word tokens count in ``output_tokens``. ``""`` is a block whose
+    #: thinking is omitted (only the signature), as ``display: "omitted"`` gives.
+    thinking: str | None = None
+    #: Anthropic only: a ``redacted_thinking`` block with this opaque ``data``
+    #: first of all (whole in its ``content_block_start``, as the API streams
+    #: it). It adds nothing to ``output_tokens``: the fake cannot know what the
+    #: encrypted reasoning cost; a test says so with ``usage``.
+    redacted_thinking: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The control-API form of this Fault (inverse of fault_from_json)."""
@@ -179,8 +189,9 @@ def fault_from_json(obj: object) -> Fault:
             raise ValueError(f"{key} must be an integer")
     if "empty_length" in obj and not isinstance(obj["empty_length"], bool):
         raise ValueError("empty_length must be a boolean")
-    if obj.get("text") is not None and not isinstance(obj["text"], str):
-        raise ValueError("text must be a string")
+    for key in ("text", "thinking", "redacted_thinking"):
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise ValueError(f"{key} must be a string")
     if obj.get("body") is not None and not isinstance(obj["body"], str | dict):
         raise ValueError("body must be a JSON object or a string")
     for key in ("stream_error", "usage"):

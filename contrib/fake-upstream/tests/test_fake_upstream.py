@@ -608,11 +608,20 @@ def test_fault_json_round_trip_and_validation() -> None:
         die_after_chunks=3,
         text="hi",
         stream_error={"message": "x"},
+        thinking="",
+        redacted_thinking="opaque",
     )
     assert fault_from_json(fault.to_json()) == fault
     assert fault_from_json({}) == Fault()
     assert fault_from_json({"body": "raw"}).body == b"raw"
-    for bad in ({"status": "500"}, {"stall_s": -1}, {"headers": {"a": 1}}, {"nope": 1}, [1]):
+    for bad in (
+        {"status": "500"},
+        {"stall_s": -1},
+        {"headers": {"a": 1}},
+        {"nope": 1},
+        {"thinking": 1},
+        [1],
+    ):
         with pytest.raises(ValueError):
             fault_from_json(bad)
 
@@ -1009,6 +1018,47 @@ async def test_anthropic_raw_tool_stream(fake: FakeUpstream, http: aiohttp.Clien
     assert block == {"type": "tool_use", "id": block["id"], "name": "get_time", "input": {}}
     assert events[3][1]["delta"] == {"type": "input_json_delta", "partial_json": "{}"}
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+
+
+async def test_anthropic_thinking_blocks(fake: FakeUpstream, http: aiohttp.ClientSession) -> None:
+    thinking = Fault(thinking="Two and two.", redacted_thinking="ZW5jcnlwdGVk", text="Four.")
+    fake.script("ok", [thinking, thinking])
+    async with claude(fake, "ok") as client:
+        message = await client.messages.create(model="m1", max_tokens=100, messages=A_MESSAGES)
+    redacted, thought, text = message.content
+    assert (redacted.type, redacted.data) == ("redacted_thinking", "ZW5jcnlwdGVk")
+    assert (thought.type, thought.thinking) == ("thinking", "Two and two.")
+    assert base64.b64decode(thought.signature)
+    assert (text.type, text.text) == ("text", "Four.")
+    assert message.usage.output_tokens == 3 + 1  # the thinking's word tokens count
+
+    # Streamed as the API streams them: the redacted block whole in its start,
+    # the thinking as deltas, then its signature, each block at its own index.
+    async with http.post(fake.url + "/s/ok/v1/messages", json={**A_BODY, "stream": True}) as resp:
+        events = await read_sse(resp)
+    inner = [data.get("delta") or data.get("content_block") or {} for _, data in events]
+    shape = [
+        (name, data.get("index"), part.get("type"))
+        for (name, data), part in zip(events, inner, strict=True)
+    ]
+    assert shape == [
+        ("message_start", None, None),
+        ("content_block_start", 0, "redacted_thinking"),
+        ("ping", None, None),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, "thinking"),
+        *[("content_block_delta", 1, "thinking_delta")] * 3,
+        ("content_block_delta", 1, "signature_delta"),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, "text"),
+        ("content_block_delta", 2, "text_delta"),
+        ("content_block_stop", 2, None),
+        ("message_delta", None, None),
+        ("message_stop", None, None),
+    ]
+    assert events[1][1]["content_block"]["data"] == "ZW5jcnlwdGVk"
+    assert "".join(d["delta"].get("thinking", "") for _, d in events[5:8]) == "Two and two."
+    assert events[-2][1]["usage"] == {"output_tokens": 4}
 
 
 async def test_anthropic_tool_round_trip_and_tool_choice_none(fake: FakeUpstream) -> None:

@@ -35,6 +35,8 @@ def prism_catalog_keys() -> CatalogKeys:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
+    # Options live on the catalog's provider tables: a [prism:anthropic] key would be ignored.
+    generation.config.section(PLUGIN_NAME).check_keys(())
     check_param_rules(
         generation.catalog, "anthropic", generation.param_profiles, generation.added_lines()
     )

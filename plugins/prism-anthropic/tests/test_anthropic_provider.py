@@ -151,7 +151,7 @@ async def test_the_upstream_gets_the_providers_headers_not_the_callers(
     assert seen.headers["Content-Type"] == "application/json"
     # The gateway names itself upstream, never the caller's SDK, and never
     # passes the caller's own key on.
-    assert seen.headers["User-Agent"].startswith("prism-proxy/")
+    assert seen.headers["User-Agent"].startswith("prism-llm-gateway/")
     assert "caller-key" not in str(dict(seen.headers))
     assert "Authorization" not in seen.headers
 

@@ -13,11 +13,13 @@ import attrs
 
 from prism_proxy import Call, ConfigError, Generation, Settlement, hookimpl
 
+from .admission import REFUSED
 from .ledger import LedgerWriter
 from .pg_ledger import PostgresLedgerWriter, SchemaTooNew
 from .prices import PriceBook, format_nanos
 from .rows import LedgerRow, build_row
 from .settings import PLUGIN_NAME, BillingSettings
+from .spool import SpoolOpenFailed
 
 __all__ = [
     "COST_HEADER",
@@ -56,6 +58,10 @@ class LedgerLifecycle:
         if isinstance(writer, PostgresLedgerWriter):
             try:
                 await writer.start()
+            except SpoolOpenFailed as exc:
+                await writer.close()
+                spool_key = f"[prism:{PLUGIN_NAME}] spool_path"
+                raise ConfigError(self.source, spool_key, str(exc)) from None
             except _PG_OPEN_ERRORS as exc:
                 await writer.close()
                 # asyncpg's messages name host, database and user, never the password.
@@ -94,9 +100,10 @@ class Billing:
 
     @hookimpl
     def prism_settle(self, call: Call, settlement: Settlement) -> Awaitable[None] | None:
-        if call.model is None:
+        if call.model is None or call.extensions.get(REFUSED):
             # Refused before a model was resolved (bad input, unknown model, auth):
             # nothing could have served, and the model name is unchecked caller input.
+            # Or refused because no row could be kept: nothing served, nowhere to write.
             call.response_headers[COST_HEADER] = "0"
             return None
         duration_ms = round((self.clock() - call.received_at) * 1000)

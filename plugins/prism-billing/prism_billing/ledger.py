@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
-import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -32,8 +31,6 @@ __all__ = [
     "connect",
     "open_for_reading",
 ]
-
-log = logging.getLogger("prism.billing")
 
 SCHEMA_VERSION = 3
 _SCHEMA = """
@@ -284,15 +281,9 @@ class GroupCommit(abc.ABC):
                     added = await self._write([row for row, _ in batch])
                 except Exception as exc:
                     # The store gone, a connection cut, a full disk, a value out of
-                    # range: these rows were not committed, and their callers are told so.
+                    # range: these rows were not committed, and their callers are told
+                    # so (the core logs each failed settlement, one line per call).
                     self.counters["billing_write_errors"] += 1
-                    log.error(
-                        "ledger %s: commit of %d rows failed: %s: %s",
-                        self.name,
-                        len(batch),
-                        type(exc).__name__,
-                        exc,
-                    )
                     _settle_all(batch, exc)
                     continue
                 self.counters["billing_commits"] += 1

@@ -8,17 +8,22 @@ generations, one per ledger.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from aiohttp import web
 
-from prism_proxy import CatalogKeys, Commands, Config, Generation, OrgSetting, hookimpl
+from prism_proxy import CatalogKeys, CheckLine, Commands, Config, Generation, OrgSetting, hookimpl
 
+from .admission import GUARD_OBJECT, LedgerGuard
 from .authorised import SETTING, PriceGate
 from .billing import PLUGIN_OBJECT, Billing, LedgerLifecycle
+from .check import check_ledger
 from .export import add_ledger_command
 from .ledger import LedgerWriter
 from .pg_ledger import PostgresLedgerWriter
 from .prices import PriceBook, price_lines
 from .settings import BillingSettings
+from .spool import Spool
 from .usage_api import USAGE_PATH, usage_handler
 
 
@@ -41,19 +46,27 @@ def prism_generation(generation: Generation) -> None:
         generation.register(PriceGate(prices), "billing.price-gate")
     url = settings.ledger_url
     if url is not None:
-        # One writer (one pool) per database and batch size, kept across reloads
-        # like the SQLite writer.
+        # One writer (one pool, one spool) per database, batch size and spool,
+        # kept across reloads like the SQLite writer.
+        spool_path, spool_max = settings.spool_path, settings.spool_max_bytes
         pg = generation.keep(
-            ("billing", url, settings.max_batch_rows),
+            ("billing", url, settings.max_batch_rows, spool_path, spool_max),
             lambda: LedgerLifecycle(
                 PostgresLedgerWriter(
-                    url, max_batch_rows=settings.max_batch_rows, counters=generation.counters
+                    url,
+                    max_batch_rows=settings.max_batch_rows,
+                    counters=generation.counters,
+                    spool=None
+                    if spool_path is None
+                    else Spool(spool_path, max_bytes=spool_max, counters=generation.counters),
                 ),
                 settings.source,
             ),
         )
         pg.writer.serve(generation, settings.commit_delay_ms / 1000)
         generation.register(Billing(settings, prices, pg.writer, generation.clock), PLUGIN_OBJECT)
+        if isinstance(pg.writer, PostgresLedgerWriter):  # always: kept under a ledger_url key
+            generation.register(LedgerGuard(pg.writer), GUARD_OBJECT)
         return
     path = settings.ledger_path
     if path is None:
@@ -77,6 +90,11 @@ def prism_generation(generation: Generation) -> None:
     kept.writer.serve(generation, settings.commit_delay_ms / 1000)
     billing = Billing(settings, prices, kept.writer, generation.clock)
     generation.register(billing, PLUGIN_OBJECT)
+
+
+@hookimpl
+def prism_check(generation: Generation, offline: bool) -> Awaitable[list[CheckLine]]:
+    return check_ledger(BillingSettings.from_config(generation.config), offline)
 
 
 @hookimpl

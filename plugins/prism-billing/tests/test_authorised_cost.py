@@ -67,7 +67,7 @@ async def test_a_line_above_the_orgs_price_is_skipped(prism_fake, prism_gateway)
     raw = await client.chat.completions.with_raw_response.create(model="m", messages=HI)
     assert raw.headers["x-prism-provider"] == "cheap"
     log = raw.headers["x-prism-attempt-log"]
-    assert log.startswith("dear/big skipped price:-output-15.0-per-million->-max_output_price-10")
+    assert log.startswith("dear/big skipped price: output 15.0 per million > max_output_price 10")
     assert prism_fake.hits("dear") == 0
     # An org without the setting, or a higher one, may use the dear line.
     open_raw = await gw.openai().chat.completions.with_raw_response.create(model="m", messages=HI)

@@ -247,6 +247,18 @@ async def _ledger_gone(url: str) -> None:
         await admin.close()
 
 
+async def ledger_state(gw: Any, state: str, timeout_s: float = 15.0) -> dict[str, Any]:
+    """Wait until ``/readyz`` says the ledger is in ``state``; its facts then."""
+    async with aiohttp.ClientSession() as session, asyncio.timeout(timeout_s):
+        while True:
+            async with session.get(gw.url + "/readyz") as response:
+                assert response.status == 200
+                facts: dict[str, Any] = (await response.json())["ledger"]
+            if facts["state"] == state:
+                return facts
+            await asyncio.sleep(0.05)
+
+
 async def _ledger_back(url: str) -> None:
     name = url.rsplit("/", 1)[1]
     admin = await _admin()
@@ -275,15 +287,20 @@ async def test_postgresql_gone_fails_closed_and_billing_resumes_when_it_is_back(
             assert "x-prism-cost" not in response.headers
         assert json.loads(body)["error"]["code"] == "settlement_failed"
         assert SECRET_TEXT not in body
-        # A stream: its final event is withheld, an error event ends it instead.
+        # Known down, and no spool: the next call, a stream, is refused before any
+        # provider is called, rather than served and then left without its row.
+        hits = prism_fake.hits("alpha")
         async with session.post(
             gw.base_url + "/chat/completions",
             json={"model": "m", "messages": MESSAGES, "stream": True},
         ) as response:
-            streamed = (await response.read()).decode()
-        assert "settlement_failed" in streamed and "[DONE]" not in streamed
-        assert (await stats(gw))["billing_write_errors"] >= 2
+            assert response.status == 503
+            assert (await response.json())["error"]["code"] == "ledger_unavailable"
+        assert prism_fake.hits("alpha") == hits
+        counters = await stats(gw)
+        assert counters["billing_write_errors"] >= 1 and counters["billing_refusals"] >= 1
         await _ledger_back(pg_url)
+        await ledger_state(gw, "ok")
         async with session.post(
             gw.base_url + "/chat/completions", json={"model": "m", "messages": MESSAGES}
         ) as response:

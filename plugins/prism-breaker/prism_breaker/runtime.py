@@ -235,9 +235,24 @@ class Breaker:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 else:
-                    await self.flush()
+                    await self._final_flush()
         finally:
             await self.store.close()
+
+    async def _final_flush(self) -> None:
+        """The last write, at shutdown: what a store that is down did not take is said
+        in one WARNING, never raised (a clean stop must not end as a crash)."""
+        try:
+            await self.flush()
+        except Exception as exc:
+            log.warning(
+                "breaker: the final state could not be %s (%s: %s: %s); changes not written: %d",
+                "shared" if self.fleet is not None else "saved",
+                self.store.description,
+                type(exc).__name__,
+                exc,
+                len(self._retry) + len(self._pending_overrides),
+            )
 
     def load(self, records: list[BindingRecord], overrides: list[Override]) -> None:
         now = self.clock()
@@ -279,12 +294,25 @@ class Breaker:
                     next_refresh = loop.time() + every_s
                     await self.refresh()
             except Exception as exc:  # the store failing must not stop routing
-                error = f"{type(exc).__name__}: {exc}"
-                if error != self.last_store_error:  # once per distinct error, not per retry
-                    log.exception("breaker: state store failed; routing goes on from memory")
-                self.last_store_error = error
-                if not self._stopping:
-                    await asyncio.sleep(min(1.0, self.settings.refresh_s))
+                if self._stopping:
+                    return  # the final flush tries once more, and says what is lost
+                self._store_failed(exc)
+                await asyncio.sleep(min(1.0, self.settings.refresh_s))
+
+    def _store_failed(self, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if error != self.last_store_error:  # once per distinct error, not per retry
+            if self.fleet is not None and not self.fleet.healthy:
+                # The shared engine is away, and its link said so in a WARNING: a
+                # traceback would only say it again.
+                log.info(
+                    "breaker: %s unreachable (%s); routing goes on from memory",
+                    self.store.description,
+                    error,
+                )
+            else:
+                log.exception("breaker: state store failed; routing goes on from memory")
+        self.last_store_error = error
 
     async def flush(self) -> None:
         """Write queued transitions; on failure keep them (bounded) for the next try."""

@@ -178,7 +178,8 @@ def _longest_budget_s(config: Config, catalog: Catalog | None) -> float:
 def _state_path(config: Config, section: Section) -> str:
     """Where the SQLite state lives.
 
-    Default: ``prism-breaker.sqlite`` beside the configuration file.  A
+    Default: ``prism-breaker.sqlite`` in ``config.state_dir`` (systemd's
+    ``$STATE_DIRECTORY``, else beside the configuration file).  A
     configuration built in memory (tests, embedding apps) has no file to sit
     beside, so its state stays in memory unless ``state_path`` names one;
     that also keeps separate apps in one process from sharing a file by
@@ -188,7 +189,7 @@ def _state_path(config: Config, section: Section) -> str:
     if raw is None:
         if not Path(config.source).is_file():
             return MEMORY
-        raw = _DEFAULT_FILE
+        raw = str(config.state_dir / _DEFAULT_FILE)
     if not raw:
         raise section.error("state_path", "must not be empty (use :memory: for no file)")
     if raw == MEMORY:

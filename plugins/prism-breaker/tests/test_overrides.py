@@ -53,7 +53,7 @@ async def test_a_quarantine_survives_successful_trials(
         fake_time.advance(3600)
         answer = await kit.chat(gw)
         assert answer.provider == "a"
-        assert answer.log[0] == f"b/up-b skipped breaker:-quarantined-({override_id})"
+        assert answer.log[0] == f"b/up-b skipped breaker: quarantined ({override_id})"
     assert prism_fake.hits("b") == 4
     status, released = await kit.admin(
         gw, "POST", f"{OVERRIDES}/{override_id}/release", {"owner": "bob", "reason": "fixed"}
@@ -82,7 +82,7 @@ async def test_quarantine_is_not_lifted_by_a_stand_down(prism_fake, prism_gatewa
     await kit.chat(gw)  # a skipped, b trips
     answer = await kit.chat(gw)  # nothing is open: stand down, but only for b
     assert answer.headers["x-prism-breaker"] == "stand-down"
-    assert answer.log[0].startswith("a/up-a skipped breaker:-quarantined")
+    assert answer.log[0].startswith("a/up-a skipped breaker: quarantined")
     assert answer.provider == "b"
     assert prism_fake.hits("a") == 0
 
@@ -127,7 +127,7 @@ async def test_a_cap_limits_in_flight_and_expires(
     await kit.eventually(lambda: _hits(prism_fake, "a", 1))
     second = await kit.chat(gw)  # a is at its cap while the first call is in flight
     assert second.provider == "b"
-    assert second.log[0].startswith("a/up-a skipped breaker:-cap-1-reached")
+    assert second.log[0].startswith("a/up-a skipped breaker: cap 1 reached")
     assert (await first).provider == "a"
     assert (await kit.chat(gw)).provider == "a"  # room again
     fake_time.advance(3601)
@@ -190,8 +190,8 @@ async def test_a_full_cap_vetoes_a_retry_and_a_later_binding(
     assert answer.status == 200 and answer.provider == "c"
     assert answer.steps == [
         "a/up-a transient 500",
-        f"a/up-a vetoed breaker:-cap-1-reached-({caps[0]})",  # the retry
-        f"b/up-b vetoed breaker:-cap-1-reached-({caps[1]})",  # the later binding
+        f"a/up-a vetoed breaker: cap 1 reached ({caps[0]})",  # the retry
+        f"b/up-b vetoed breaker: cap 1 reached ({caps[1]})",  # the later binding
         "c/up-c ok 200",
     ]
     assert [o.provider for o in await asyncio.gather(*others)] == ["a", "b"]

@@ -83,7 +83,7 @@ async def test_a_restart_keeps_isolation_and_resumes_trials(
                 assert response.status == 200
                 assert response.headers["x-prism-provider"] == "ok"
                 log = response.headers["x-prism-attempt-log"]
-                assert log.startswith("x/up-x skipped breaker:-isolated")
+                assert log.startswith("x/up-x skipped breaker: isolated")
             body = {"model": "my", "messages": MESSAGES}
             async with session.post(url + "/v1/chat/completions", json=body) as response:
                 assert response.headers["x-prism-breaker"] == "trial y/up-y"
@@ -217,7 +217,7 @@ async def test_a_failing_store_never_stops_routing_and_catches_up(
 
     await kit.eventually(failed)
     second = await kit.chat(gw, model="mx")  # routing still reads memory
-    assert second.log[0] == "x/up-x skipped breaker:-isolated"
+    assert second.log[0] == "x/up-x skipped breaker: isolated"
     flaky.failures = 0  # the disk has room again
 
     async def caught_up() -> bool:

@@ -55,7 +55,7 @@ async def test_a_restored_binding_takes_a_growing_share_of_calls(
     dice.value = 0.11
     answer = await kit.chat(gw)
     assert served(answer) == "ok"
-    assert "flaky/up-flaky skipped breaker:-ramping-up-(10%-of-calls)" in answer.log
+    assert "flaky/up-flaky skipped breaker: ramping up (10% of calls)" in answer.log
     ramp = (await kit.binding(gw, "flaky/up-flaky"))["ramp"]
     assert ramp == {"share": 0.1, "left_s": 40.0}
     # Half way: half the calls.
@@ -94,7 +94,7 @@ async def test_a_manual_line_waits_for_release_after_its_trial_passes(
         "flaky/up-flaky",
         "breaker",
     )
-    assert f"flaky/up-flaky skipped breaker:-quarantined-({hold['id']})" in held.log
+    assert f"flaky/up-flaky skipped breaker: quarantined ({hold['id']})" in held.log
     assert any("restore = manual" in r.message and hold["id"] in r.message for r in caplog.records)
 
     status, _ = await kit.admin(

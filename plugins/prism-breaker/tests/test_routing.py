@@ -15,7 +15,7 @@ from prism_fake_upstream import Fault
 from prism_proxy.testing import out_of_file_handles
 
 MESSAGES = [{"role": "user", "content": "hello"}]
-DEAD_RETRY_VETOED = "dead/up-dead vetoed breaker:-isolated"
+DEAD_RETRY_VETOED = "dead/up-dead vetoed breaker: isolated"
 
 
 async def test_a_dead_first_binding_costs_one_call_per_isolation_window(
@@ -54,7 +54,7 @@ async def test_skipped_binding_is_in_the_attempt_record(prism_fake, prism_gatewa
     # The third failure isolates dead: no retry is left to veto (retries = 2).
     assert first.steps == ["dead/up-dead transient 503"] * 3 + ["ok/up-ok ok 200"]
     second = await kit.chat(gw)
-    assert second.log[0] == "dead/up-dead skipped breaker:-isolated"
+    assert second.log[0] == "dead/up-dead skipped breaker: isolated"
     assert second.headers["x-prism-attempts"] == "1"
     assert prism_fake.hits("dead") == 3
 
@@ -70,7 +70,7 @@ async def test_every_binding_out_stands_down_and_tries_the_whole_chain(
     second = await kit.chat(gw)
     assert second.status == 200 and second.provider == "a"
     assert second.headers["x-prism-breaker"] == "stand-down"
-    assert "note breaker:-every-binding-is-out;-standing-down,-trying-them-all" in second.log
+    assert "note breaker: every binding is out, standing down, trying them all" in second.log
     third = await kit.chat(gw)  # standing down again: a answers, b is never reached
     assert third.status == 200 and third.provider == "a"
     assert (prism_fake.hits("a"), prism_fake.hits("b")) == (5, 3)
@@ -94,7 +94,7 @@ async def test_a_stand_down_that_fails_answers_with_the_real_upstream_error(
     attempts = [a for a in answer.body["error"]["attempts"] if "status" in a]
     assert [a["status"] for a in attempts] == [500]
     # A stand-down tries each binding once: the isolated binding's retries are vetoed.
-    assert "err500/up-err500 vetoed breaker:-isolated" in answer.log
+    assert "err500/up-err500 vetoed breaker: isolated" in answer.log
     assert prism_fake.hits("err500") == 4  # three to trip, then one per stand-down call
 
 
@@ -119,8 +119,8 @@ async def test_one_trial_caller_among_fifty_concurrent_callers(
         DEAD_RETRY_VETOED,  # the failed trial is not retried
         "ok/up-ok ok 200",
     ]
-    skipped = [a for a in answers if a.log[0] == "dead/up-dead skipped breaker:-trial-in-progress"]
-    isolated = [a for a in answers if a.log[0] == "dead/up-dead skipped breaker:-isolated"]
+    skipped = [a for a in answers if a.log[0] == "dead/up-dead skipped breaker: trial in progress"]
+    isolated = [a for a in answers if a.log[0] == "dead/up-dead skipped breaker: isolated"]
     assert len(skipped) + len(isolated) == 49
     assert prism_fake.hits("dead") == 4
 

@@ -22,7 +22,16 @@ from typing import Any
 
 import attrs
 
-from prism_proxy import Call, Endpoint, OrgSetting, Principal, PrismError, Telemetry, hookimpl
+from prism_proxy import (
+    Call,
+    Endpoint,
+    ModelSpec,
+    OrgSetting,
+    Principal,
+    PrismError,
+    Telemetry,
+    hookimpl,
+)
 
 from .keyring import NO_SETTINGS, ActiveKey, KeyRing, Snapshot
 from .scopes import Grants
@@ -158,20 +167,26 @@ class KeysAuth:
         call.extensions[EXTENSION] = active.grants
         return self.principal_of(active)
 
+    @hookimpl
+    def prism_model_allowed(self, call: Call, model: ModelSpec) -> bool | None:
+        """The model list shows a key what its scopes let it call, by the rule calls meet."""
+        grants = call.extensions.get(EXTENSION)
+        if not isinstance(grants, Grants):
+            return None  # another authentication plugin answered for this caller
+        return grants.allows_model(model.name)
+
     # tryfirst: refuse on scope before other plugins spend effort on the call.
     @hookimpl(tryfirst=True)
     def prism_call_start(self, call: Call) -> None:
-        grants = call.extensions.get(EXTENSION)
-        if not isinstance(grants, Grants) or call.model is None:
-            return  # another authentication plugin answered for this call
+        if call.model is None or self.prism_model_allowed(call, call.model) is not False:
+            return
         model = call.model.name
-        if not grants.allows_model(model):
-            self.counters["keys_scope_denied"] += 1
-            self.telemetry.count("prism_keys_rejected_total", reason=SCOPE_CODE)
-            raise PrismError(
-                403,
-                SCOPE_CODE,
-                f"this API key may not use model '{model}' (it needs the scope "
-                f"'model:{model}' or a pattern covering it)",
-                param="model",
-            )
+        self.counters["keys_scope_denied"] += 1
+        self.telemetry.count("prism_keys_rejected_total", reason=SCOPE_CODE)
+        raise PrismError(
+            403,
+            SCOPE_CODE,
+            f"this API key may not use model '{model}' (it needs the scope "
+            f"'model:{model}' or a pattern covering it)",
+            param="model",
+        )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
-from prism_proxy import Commands, Generation, hookimpl
+from prism_proxy import CheckLine, Commands, Generation, hookimpl
 
 from .auth import AUTH_PLUGIN_NAME, KeysAuth
+from .check import check_keys
 from .cli import add_commands
 from .keyring import KeyRing
 from .pg_store import PgKeyStore
@@ -46,6 +48,11 @@ def _new_ring(settings: KeysSettings) -> KeyRing:
         return KeyRing(PgKeyStore(settings.db_url), settings.refresh_s)
     assert settings.db_path is not None
     return KeyRing(KeyStore(settings.db_path), settings.refresh_s)
+
+
+@hookimpl
+def prism_check(generation: Generation, offline: bool) -> Awaitable[list[CheckLine]]:
+    return check_keys(KeysSettings.from_config(generation.config), offline)
 
 
 @hookimpl

@@ -40,7 +40,7 @@ class KeysSettings:
     def from_config(cls, config: Config) -> KeysSettings | None:
         """The settings, or None when the operator has not configured the plugin at all.
 
-        A section that sets anything but names no database is a mistake, not
+        A section (even an empty one) that names no database is a mistake, not
         "off": the operator clearly meant to turn authentication on.
         """
         section = config.section(SECTION)
@@ -58,7 +58,7 @@ class KeysSettings:
             url = section.check_postgres_url("db_url", url)
             return cls(db_path=None, refresh_s=refresh_s, db_url=url)
         if not db:
-            if section.values:
+            if section.written:
                 raise section.error(
                     "db_path",
                     "missing: name the key database (e.g. db_path = keys.db, or "

@@ -149,6 +149,33 @@ async def test_scopes_limit_endpoints_and_models(prism_fake, prism_gateway, tmp_
     assert gw.gateway.counters["keys_scope_denied"] == 4
 
 
+async def test_the_model_list_shows_only_what_the_key_may_call(
+    prism_fake, prism_gateway, tmp_path, ini, capsys
+):
+    chat_a_only = create_key(ini, capsys, "acme", "chat,model:chat-a")
+    chats = create_key(ini, capsys, "acme", "chat,model:chat-*")
+    everything = create_key(ini, capsys, "acme", "*")
+    gw = await start(prism_gateway, prism_fake, tmp_path)
+
+    async def listed(key: str) -> list[str]:
+        return [model.id async for model in gw.openai(api_key=key).models.list()]
+
+    assert await listed(chat_a_only) == ["chat-a"]
+    assert await listed(chats) == ["chat-a", "chat-b"]
+    assert await listed(everything) == ["chat-a", "chat-b", "embed-a"]
+    anthropic_list = await gw.anthropic(api_key=chats).models.list()
+    assert [model.id for model in anthropic_list.data] == ["chat-a", "chat-b"]
+    # One the key may not use is as absent as one that does not exist.
+    client = gw.openai(api_key=chat_a_only)
+    assert (await client.models.retrieve("chat-a")).id == "chat-a"
+    for name in ("chat-b", "no-such-model"):
+        with pytest.raises(openai.NotFoundError) as absent:
+            await client.models.retrieve(name)
+        assert absent.value.code == "model_not_found"
+    # Listing refuses nothing, so it counts no refusal.
+    assert gw.gateway.counters["keys_scope_denied"] == 0
+
+
 class PrincipalSpy:
     def __init__(self) -> None:
         self.seen: list[Principal] = []

@@ -55,9 +55,20 @@ def format_report(report: dict[str, Any]) -> str:
             f"{line:32} {p['max_concurrency']:5d} {p['p50']:5d} {p['p95']:5d} {p['p99']:5d} "
             f"{p['max']:5d}"
         )
+    if not report["lines"]:
+        # An empty table must not read as "no load": only limited lines are watched.
+        out.append(
+            "(none: no chain line of the gateway's catalog sets max_concurrency, and peaks "
+            "are kept only for lines that do)"
+        )
     k = report["k"]
     out.append("")
     out.append(f"capacity_k = {k:g}" if k is not None else "capacity_k is not set: the rule is off")
+    if not report["tiers"]:
+        out.append(
+            "no tier to judge: the rule judges a model whose chain has two or more lines, "
+            "every one with max_concurrency"
+        )
     for tier in report["tiers"]:
         at = tier["alerts_above_k"]
         verdict = "no peak yet" if at is None else f"alerts for any k above {at:g}"

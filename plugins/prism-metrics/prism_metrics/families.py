@@ -113,6 +113,11 @@ FAMILIES: tuple[Family, ...] = (
         combine="livemin",
     ),
     Family(
+        "prism_ledger_spool_depth",
+        "gauge",
+        "Ledger rows in prism-billing's spool, waiting for PostgreSQL to take them.",
+    ),
+    Family(
         "prism_probes_total",
         "counter",
         "Probes of lines (prism-probes) by result: pass, fail, skipped (the hourly "

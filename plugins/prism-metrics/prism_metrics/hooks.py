@@ -248,10 +248,15 @@ class MetricsHooks:
             reviews.labels("due_soon").set(len(health["reviews_due_soon"]))
             reviews.labels("overdue").set(len(health["overdue_reviews"]))
         up = 1  # nothing shared is nothing down
+        spooled = 0
         for facts in generation.pm.hook.prism_readyz(generation=generation):
             if (facts or {}).get("shared_state", "ok") != "ok":
                 up = 0
+            ledger = (facts or {}).get("ledger")
+            if isinstance(ledger, dict):
+                spooled += int(ledger.get("spool_depth", 0))
         m["prism_shared_state_up"].set(up)
+        m["prism_ledger_spool_depth"].set(spooled)
         self.rule.gauges(m)
         self.exporter.events(generation.counters)
 

@@ -35,13 +35,14 @@ def catalog(fake) -> dict:
     }
 
 
-async def board_gateway(prism_gateway, fake, monkeypatch):
+async def board_gateway(prism_gateway, fake, monkeypatch, **options):
     monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
     return await prism_gateway(
         catalog(fake),
         config={"admin_token_env": ADMIN_ENV},
         sections={"breaker": {"policies": "consecutive", "consecutive_failures": 3}},
         load_plugins=["openai", "breaker", "metrics"],
+        **options,
     )
 
 
@@ -177,6 +178,58 @@ async def test_in_a_browser_a_tripped_binding_turns_red_without_a_reload(
             assert shot.stat().st_size > 0
         finally:
             await browser.close()
+
+
+class Clock:
+    """The gateway's injected clock: the breaker's isolation ends when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.mark.skipif(
+    shutil.which(CHROMIUM) is None, reason=f"no browser at {CHROMIUM} (.ci/run installs chromium)"
+)
+async def test_in_a_browser_a_trial_without_traffic_says_it_is_waiting(
+    prism_fake, prism_gateway, monkeypatch
+):
+    from playwright.async_api import async_playwright
+
+    clock = Clock()
+    gw = await board_gateway(prism_gateway, prism_fake, monkeypatch, clock=clock, sleep=clock.sleep)
+    await trip_x(prism_fake, gw.url)
+    clock.now += 31  # past isolation_s: the next look finds x/up-x in trial, and no call yet
+    async with aiohttp.ClientSession() as session:
+        async with session.get(gw.url + "/prism/board.json") as response:
+            x = tile(await response.json(), "eu-west-1", "m", "x/up-x")
+    assert (x["state"], x["calls"], x["trial"]["successes"]) == ("trial", 0, 0)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = await browser.new_page()
+            await page.goto(gw.url + "/prism/board")
+            x_tile = page.locator('.tile.yellow[data-binding="x/up-x"]')
+            await x_tile.wait_for(timeout=5000)
+            shown = await x_tile.inner_text()
+            stats = await page.locator('.stats[data-binding="x/up-x"]').inner_text()
+        finally:
+            await browser.close()
+    # Not "trial 0/5 successes, 0/60 s": a trial that looks stuck while it waits for calls.
+    assert shown.splitlines() == [
+        "x/up-x",
+        "trial: waiting for traffic",
+        "needs 5 successes over 60 s",
+    ]
+    assert stats.splitlines() == [
+        "errors: no calls in the last 60 s",  # not "0.0% of 0"
+        "first token: no samples yet",
+    ]
 
 
 async def test_an_override_due_for_review_soon_is_a_banner_and_a_metric(

@@ -154,3 +154,30 @@ async def test_with_redis_the_peaks_are_the_fleets(prism_fake, prism_gateway, pr
     report = await get(one.url, "/prism/capacity")
     # Losing a: (4 - 0) + (2 - 0) = 6 for a peak of 4.
     assert report["tiers"][0]["lines"]["a/up-a"]["ratio"] == 1.5
+
+
+async def test_with_no_limited_line_the_cli_says_why_the_table_is_empty(
+    prism_fake, prism_gateway, tmp_path
+):
+    unlimited = {
+        "providers": {"a": {"kind": "openai", "base_url": prism_fake.base_url("a")}},
+        "models": {"solo": {"chain": [{"provider": "a", "model": "up-a"}]}},
+    }
+    gw = await prism_gateway(unlimited, load_plugins=["openai", "metrics"])
+    await chat(gw.url, "solo")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "prism_proxy.cli", "capacity", "--url", gw.url,
+        "--config", str(write_ini(tmp_path, prism_fake)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    text = out.decode()
+    assert (
+        "(none: no chain line of the gateway's catalog sets max_concurrency, and peaks are "
+        "kept only for lines that do)" in text
+    )
+    assert (
+        "no tier to judge: the rule judges a model whose chain has two or more lines, "
+        "every one with max_concurrency" in text
+    )

@@ -152,6 +152,34 @@ async def test_refused_keys_are_counted_by_reason_and_never_shown(
     assert "sk-prism" not in text
 
 
+async def test_the_key_refusal_reasons_are_the_ones_the_readme_lists(
+    prism_fake, prism_gateway, tmp_path
+):
+    from pathlib import Path
+
+    from prism_keys import KeyStore
+
+    store = KeyStore(tmp_path / "keys.sqlite")
+    store.ensure_schema()
+    other_only = store.create_key("acme", ["chat", "model:other"]).key
+    gw = await prism_gateway(
+        catalog(prism_fake),
+        sections={"keys": {"db_path": str(store.path)}},
+        load_plugins=["openai", "keys", "metrics"],
+    )
+    assert (await chat(gw.url, headers={"Authorization": "Bearer sk-prism-nope"})).status == 401
+    assert (await chat(gw.url, headers={"Authorization": f"Bearer {other_only}"})).status == 403
+    counted = {
+        dict(labels)["reason"]
+        for (name, labels), count in samples(await scrape(gw.url)).items()
+        if name == "prism_keys_rejected_total" and count
+    }
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `prism_keys_rejected"))
+    documented = set(row.split("|")[4].split("`")[1::2])
+    assert counted == documented == {"invalid_api_key", "insufficient_scope"}
+
+
 def test_the_readme_lists_every_metric_and_the_table_nothing_else():
     from pathlib import Path
 

@@ -51,6 +51,8 @@ def prism_param_profiles() -> Mapping[str, ParamProfile]:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
+    # Options live on the catalog's provider tables: a [prism:openai] key would be ignored.
+    generation.config.section("openai").check_keys(())
     # Nothing per call: the provider objects are the core's; only the lines are
     # checked, the catalog's own and those other plugins add (routing rules).
     check_param_rules(

@@ -36,7 +36,7 @@ async def test_bearer_key_from_the_environment(prism_fake, prism_gateway, monkey
     assert seen.headers["x-team"] == "search"
     assert seen.body["model"] == "up"
     # The gateway names itself upstream, never the caller's SDK or aiohttp.
-    assert seen.headers["User-Agent"].startswith("prism-proxy/")
+    assert seen.headers["User-Agent"].startswith("prism-llm-gateway/")
 
 
 async def test_azure_style_deployment_urls_and_api_key_header(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 
 from prism_proxy import Config, redact_url
 
 __all__ = ["SECTION", "OtelSettings"]
+
+log = logging.getLogger("prism.otel")
 
 SECTION = "otel"
 _KEYS = frozenset({"endpoint", "enabled", "service_name", "batch_delay_ms"})
@@ -22,7 +26,11 @@ class OtelSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> OtelSettings | None:
-        """None when tracing is off: no ``endpoint`` and not ``enabled``."""
+        """None when tracing is off: no ``endpoint`` and not ``enabled``.
+
+        A section that leaves tracing off without saying ``enabled = false`` gets
+        a WARNING, not an error: traces are worth a loud line, not an outage.
+        """
         section = config.section(SECTION)
         section.check_keys(_KEYS)
         endpoint = section.get_str("endpoint")
@@ -32,6 +40,16 @@ class OtelSettings:
                 f"expected an http(s) URL of an OTLP/HTTP receiver, got {redact_url(endpoint)!r}",
             )
         if endpoint is None and not section.get_bool("enabled", False):
+            if section.written and "enabled" not in section:
+                log.warning(
+                    "%s",
+                    section.warning(
+                        "endpoint",
+                        "not set, and enabled is not true: prism-otel is off and makes no "
+                        "spans (set endpoint = http://collector:4318/v1/traces, or "
+                        "enabled = false to say off is meant)",
+                    ),
+                )
             return None
         return cls(
             endpoint=endpoint,

@@ -38,7 +38,16 @@ import attrs
 import orjson
 from aiohttp import web
 
-from prism_proxy import ADMIN_HEADER, GATEWAY, Binding, Catalog, Commands, Config, create_app
+from prism_proxy import (
+    ADMIN_HEADER,
+    GATEWAY,
+    Binding,
+    Catalog,
+    Commands,
+    Config,
+    authenticating_plugins,
+    create_app,
+)
 
 from .client import call_gateway
 from .fixtures import (
@@ -58,6 +67,14 @@ __all__ = ["add_commands", "run_preflight", "run_suite"]
 ADMIN_ENV = "PRISM_ADMIN_TOKEN"
 API_KEY_ENV = "PRISM_API_KEY"
 QUESTION = "A customer asks for a refund on a late order. Which rule applies, and what do you say?"
+
+
+class KeyRefused(Exception):
+    """The gateway answered 401: no line can be judged with this (or without an) API key."""
+
+    def __init__(self, code: str | None) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 @attrs.frozen
@@ -100,7 +117,18 @@ def add_commands(commands: Commands) -> None:
 
 
 def _run(args: argparse.Namespace, config: Config) -> int:
-    catalog = create_app(config)[GATEWAY].current.catalog
+    generation = create_app(config)[GATEWAY].current
+    catalog = generation.catalog
+    api_key = args.api_key or os.environ.get(API_KEY_ENV)
+    guards = authenticating_plugins(generation.pm)
+    if guards and not api_key:
+        # Every call would come back 401: say so once instead of failing every line.
+        print(
+            f"prism preflight: this configuration requires an API key ({', '.join(guards)}): "
+            f"pass --api-key KEY or set ${API_KEY_ENV}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         lines = _lines(catalog, args.model, args.binding)
         suite = _load_suite(args.suite) if args.suite else None
@@ -127,7 +155,18 @@ def _run(args: argparse.Namespace, config: Config) -> int:
                     reports, args
                 )
 
-    ok, text = asyncio.run(main())
+    try:
+        ok, text = asyncio.run(main())
+    except KeyRefused as refused:
+        code = f" ({refused.code})" if refused.code else ""
+        print(
+            f"prism preflight: the gateway refused the API key given{code}"
+            if api_key
+            else f"prism preflight: the gateway requires an API key{code}: pass --api-key KEY "
+            f"or set ${API_KEY_ENV}",
+            file=sys.stderr,
+        )
+        return 2
     print(text)
     return 0 if ok else 1
 
@@ -197,6 +236,8 @@ async def run_preflight(
         call = functools.partial(_call, session, url, headers, line.id, timeout_s)
         fixtures = fixtures_for(line, endpoint, bodies)
         reach = await call(attrs.evolve(fixtures[0], stream=False))
+        if reach.status == 401:
+            raise KeyRefused(reach.error)
         if reach.status != 200 or reach.error:
             why = f"unreachable: {reach.error or reach.status}"
             skipped = Check(False, "not tried (unreachable)")

@@ -11,6 +11,10 @@ each checked against its contract and the first-token budget.  At most
 ``max_concurrent`` at once, each within ``deadline_ms``, and no more than
 ``allowance_per_hour`` spent per clock hour (priced from the line's own
 price); with prism-redis one probe per binding per interval across the fleet.
+
+A draining gateway (or a retired generation) sends no probes, and a probe it
+had in flight then is dropped, not judged: the gateway stopping (its own port
+closed, its client closed) fails it, which says nothing about the upstream.
 """
 
 from __future__ import annotations
@@ -117,10 +121,14 @@ class Prober:
                 out.append((binding, "uncertain"))
         return out
 
+    def standing_down(self) -> bool:
+        """The gateway drains or a newer generation probes: no probe goes out, none counts."""
+        return self.generation.self_link.draining or self.generation.retired
+
     async def round(self, session: aiohttp.ClientSession) -> None:
         breaker = breaker_of(self.generation)
         url = self.generation.self_link.url
-        if breaker is None or url is None:
+        if breaker is None or url is None or self.standing_down():
             return
         limit = asyncio.Semaphore(self.settings.max_concurrent)
 
@@ -178,6 +186,9 @@ class Prober:
         headers = {INTERNAL_HEADER: self.generation.self_link.token, "x-prism-traffic": "probe"}
         problems = []
         for fixture in self.fixtures(binding):
+            if self.standing_down():
+                self._abandon(binding, why)
+                return
             answer = await call_gateway(
                 session,
                 url,
@@ -189,6 +200,10 @@ class Prober:
                 timeout_s=self.settings.deadline_ms / 1000,
             )
             self.spend.spent += self._spent(binding, answer)
+            if self.standing_down():
+                # Failed by the gateway's own stopping, or not: either way no verdict.
+                self._abandon(binding, why)
+                return
             problem = answer.error or fixture.check(answer, {})
             if problem is None and answer.ttft_ms is not None:
                 if answer.ttft_ms > self.settings.first_token_ms:
@@ -212,6 +227,10 @@ class Prober:
             detail,
             opens_trial=self.settings.probe_opens_trial and why == "isolated",
         )
+
+    def _abandon(self, binding: Binding, why: str) -> None:
+        reason = "draining" if self.generation.self_link.draining else "reloaded"
+        log.info("probes: %s (%s) dropped: the gateway is %s", binding.id, why, reason)
 
     @staticmethod
     def _spent(binding: Binding, answer: Answer) -> float:

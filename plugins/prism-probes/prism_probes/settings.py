@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from prism_proxy import Config, Section
 from .fixtures import load_bodies
 
 __all__ = ["SECTION", "ProbeSettings"]
+
+log = logging.getLogger("prism.probes")
 
 SECTION = "probes"
 _KEYS = frozenset(
@@ -42,10 +45,23 @@ class ProbeSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> ProbeSettings | None:
-        """None unless ``enabled = true``: probes spend money, so they are asked for."""
+        """None unless ``enabled = true``: probes spend money, so they are asked for.
+
+        A section that tunes probes without saying ``enabled`` gets a WARNING
+        (not an error: the gateway serves as well without probes).
+        """
         section = config.section(SECTION)
         section.check_keys(_KEYS)
         if not section.get_bool("enabled", False):
+            if section.written and "enabled" not in section:
+                log.warning(
+                    "%s",
+                    section.warning(
+                        "enabled",
+                        "not set: live probes are off (probes spend money, so they run only "
+                        "with enabled = true; enabled = false says off is meant)",
+                    ),
+                )
             return None
         return cls(
             interval_s=section.get_float("interval_s", 30.0, min=0.05, max=86400.0),

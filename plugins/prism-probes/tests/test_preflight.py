@@ -238,3 +238,35 @@ async def test_fixtures_can_be_replaced_and_keep_their_checks(prism_fake, tmp_pa
     bad.write_text("[smell]\nmessages = []\n")
     status, _, err = await preflight(ini, "--binding", "slow/up-slow", "--fixtures", str(bad))
     assert status == 2 and "[smell]: no such fixture" in err
+
+
+def with_keys(ini: Path) -> Path:
+    """The configuration of ``write_config`` with prism-keys on (a key database, no key)."""
+    text = ini.read_text().replace(", keys,", ",")  # "disable = anthropic, ..., keys, ..."
+    assert ", keys," not in text and "keys" in installed_plugins()
+    ini.write_text(text + "[prism:keys]\ndb_path = keys.db\n")
+    return ini
+
+
+async def test_with_keys_on_it_asks_for_an_api_key_instead_of_failing_every_line(
+    prism_fake, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("PRISM_API_KEY", raising=False)
+    ini = with_keys(write_config(tmp_path, prism_fake))
+    status, out, err = await preflight(ini, "--model", "m")
+    assert status == 2, out + err
+    assert out == ""
+    assert err == (
+        "prism preflight: this configuration requires an API key (keys.auth): "
+        "pass --api-key KEY or set $PRISM_API_KEY\n"
+    )
+    assert prism_fake.hits("fast") == prism_fake.hits("fallback") == 0
+
+    # A key the gateway does not know: said once, not as two unreachable lines.
+    status, out, err = await preflight(ini, "--model", "m", "--api-key", "sk-not-a-key")
+    assert status == 2, out + err
+    assert err.endswith(
+        "prism preflight: the gateway refused the API key given (invalid_api_key)\n"
+    )
+    assert "sk-not-a-key" not in out + err
+    assert prism_fake.hits("fast") == 0

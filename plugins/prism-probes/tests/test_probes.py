@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from typing import Any
 
 import aiohttp
@@ -51,8 +53,8 @@ async def gateway(prism_gateway, fake, monkeypatch, *, probes: dict, clock=None,
     )
 
 
-async def call(url: str) -> int:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+async def call(url: str, model: str = "m") -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as session:
         async with session.post(url + "/v1/chat/completions", json=body) as response:
             await response.read()
@@ -261,3 +263,85 @@ async def test_one_probe_per_interval_across_three_serve_processes(
             process.terminate()
         for process in processes:
             await asyncio.wait_for(process.wait(), 15)
+
+
+
+async def test_a_draining_gateway_sends_no_probe_and_holds_none_against_the_line(
+    prism_fake, prism_redis, tmp_path
+):
+    import signal
+    import time
+
+    import redis.asyncio as aioredis
+
+    from prism_proxy.testing import free_port, installed_plugins, serve_process
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "catalog.toml").write_text(
+        f'[providers.x]\nkind = "openai"\nbase_url = "{prism_fake.base_url("x")}"\n'
+        f'[providers.y]\nkind = "openai"\nbase_url = "{prism_fake.base_url("y")}"\n'
+        '[models.m]\nretries = 0\n'
+        'chain = [ { provider = "x", model = "up-x", capabilities = ["tools"] } ]\n'
+        '[models.n]\nchain = [ { provider = "y", model = "up-y", probe = "off" } ]\n'
+    )
+    disable = ", ".join(sorted(set(installed_plugins()) - {"openai", "breaker", "probes", "redis"}))
+    ini = tmp_path / "prism.ini"
+    ini.write_text(
+        f"[prism]\nlisten = 127.0.0.1:{port}\ncatalog = catalog.toml\n"
+        f"shutdown_grace_s = 20\ndisable = {disable}\n"
+        "[prism:breaker]\npolicies = consecutive\nconsecutive_failures = 1\n"
+        "isolation_s = 600\nrefresh_s = 0.2\n"
+        "[prism:probes]\nenabled = true\ninterval_s = 0.2\nprobe_opens_trial = false\n"
+        f"[prism:redis]\nurl = {prism_redis.url}\nkey_prefix = {prism_redis.prefix}\n"
+        "timeout_ms = 1000\n"
+    )
+    # x fails slowly, to the customer and to every probe (chat, then tool) alike; a
+    # customer's call to y outlasts the probe in flight at SIGTERM, so the drain does too.
+    prism_fake.script("x", [Fault(status=500, stall_s=1.0)] * 100)
+    prism_fake.script("y", [Fault(stall_s=4.0)])
+    log = tmp_path / "serve.log"
+    process = await serve_process(ini, port, stderr=log.open("ab"))
+    try:
+        assert await call(url) == 503
+
+        async def isolated() -> bool:
+            return (await x_entry(url))["state"] == "isolated"
+
+        await until(isolated)
+        slow = asyncio.ensure_future(call(url, "n"))
+
+        async def customer_in_flight() -> bool:
+            return prism_fake.hits("y") == 1
+
+        await until(customer_in_flight)
+        sent = prism_fake.hits("x")
+
+        async def fixture_in_flight() -> bool:
+            return prism_fake.hits("x") > sent
+
+        await until(fixture_in_flight)  # a probe's fixture has just reached x
+        sent, stopped_at = prism_fake.hits("x"), time.time()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert await slow == 200  # the drain waited for the customer
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    # The fleet's audit has no isolation the stop made: every row predates the SIGTERM.
+    client = aioredis.Redis.from_url(prism_redis.url, decode_responses=True)
+    try:
+        rows = await client.lrange(f"{prism_redis.prefix}:breaker:audit", 0, -1)
+    finally:
+        await client.aclose()
+    audit = [json.loads(row.partition("|")[2]) for row in rows]
+    assert audit and all(a["subject"] == "x/up-x" for a in audit)
+    assert [a["at"] for a in audit if a["at"] >= stopped_at] == []
+    # Nothing went out once draining began, and the probe then in flight was dropped.
+    assert prism_fake.hits("x") == sent
+    text = log.read_text()
+    drain = text[text.index("draining:") :]
+    assert re.search(r"probes: x/up-x \([a-z ]+\) dropped: the gateway is draining", drain)
+    assert not re.search(r"probes: x/up-x \([a-z ]+\) failed", drain)
+    assert "ClientConnector" not in text

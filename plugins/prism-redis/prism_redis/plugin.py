@@ -8,15 +8,16 @@ before the breaker looks).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Awaitable, Hashable, Mapping
 
 from prism_breaker import STORE_ROLE, BreakerStore
 from prism_breaker import Settings as BreakerSettings
 
-from prism_proxy import Generation, hookimpl
+from prism_proxy import CheckLine, Generation, hookimpl
 
 from .breaker_store import RedisBreakerStore
 from .capacity import FleetCapacity
+from .check import check_redis
 from .connection import SharedRedis
 from .settings import RedisSettings
 
@@ -36,6 +37,11 @@ def prism_generation(generation: Generation) -> None:
     generation.capacity = generation.keep(("redis.capacity", *where), lambda: FleetCapacity(shared))
     generation.register(RedisLink(shared), LINK_NAME)
     generation.register(StoreOffer(shared, ("redis", *where)), STORE_ROLE)
+
+
+@hookimpl
+def prism_check(generation: Generation, offline: bool) -> Awaitable[list[CheckLine]]:
+    return check_redis(RedisSettings.from_config(generation.config), offline)
 
 
 class StoreOffer:

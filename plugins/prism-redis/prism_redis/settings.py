@@ -37,11 +37,23 @@ class RedisSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> RedisSettings | None:
-        """None when no ``url`` is configured: the plugin then stays out of the way."""
+        """None when there is no section: the plugin then stays out of the way.
+
+        A section without ``url`` is an error: each gateway would keep its own
+        breaker state and line capacity, so a fleet's ``max_concurrency`` would
+        silently multiply by the number of gateways.
+        """
         section = config.section(SECTION)
         section.check_keys(_KEYS)
         url = section.get_str("url")
-        if url is None:
+        if not url:
+            if section.written:
+                raise section.error(
+                    "url",
+                    "missing: name the Redis to share state through (url = redis://host:6379/0); "
+                    "without it prism-redis is off and every gateway keeps its own breaker "
+                    "state and line capacity (to leave it off, remove the section)",
+                )
             return None
         if not url.startswith(_SCHEMES):
             raise section.error(

@@ -91,7 +91,7 @@ class Kit:
     def skipped(name: str, model: str | None = None, kind: str = "skipped") -> str:
         """The attempt-log entry of ``name``'s line left out (or vetoed) for its region."""
         return (
-            f"{name}/{model or 'up-' + name} {kind} region:-{REGIONS[name] or 'none'}-not-allowed"
+            f"{name}/{model or 'up-' + name} {kind} region: {REGIONS[name] or 'none'} not allowed"
         )
 
     def catalog(self, *names: str, **model: Any) -> dict[str, Any]:

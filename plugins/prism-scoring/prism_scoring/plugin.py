@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 
 from prism_proxy import (
-    SERVING_OUTCOMES,
     Attempt,
     Binding,
     Call,
@@ -25,8 +24,11 @@ __all__ = ["ORDER_NAME", "GroupOrder", "order_of"]
 #: The name this generation's object is registered under (absent: no chain uses ``group``).
 ORDER_NAME = f"{PLUGIN_NAME}.order"
 
-#: What counts against a line.  ``cancelled`` (the caller left) and
-#: ``request_error`` (the request was at fault) say nothing about the line.
+#: What counts against a line.  An empty answer is one too: nothing comes
+#: faster than nothing, and measured as an answer it would make the line look
+#: fastest, to lead calls it then costs an attempt (or serves nothing).
+#: ``cancelled`` (the caller left) and ``request_error`` (the request was at
+#: fault) say nothing about the line.
 _ERRORS = frozenset(
     {
         Outcome.TRANSIENT,
@@ -34,8 +36,11 @@ _ERRORS = frozenset(
         Outcome.BROKEN_STREAM,
         Outcome.PERMANENT,
         Outcome.RATE_LIMITED,
+        Outcome.EMPTY,
     }
 )
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
+_OK = Outcome.OK
 
 
 @hookimpl
@@ -103,7 +108,7 @@ class GroupOrder:
         if stat is None:
             return
         outcome = attempt.outcome
-        if outcome in SERVING_OUTCOMES:
+        if outcome is _OK:  # only an answer with something in it measures the line
             latency = attempt.first_byte_ms
             stat.observe(self.clock(), self.settings.half_life_s, latency_ms=latency, error=False)
         elif outcome in _ERRORS:

@@ -119,6 +119,32 @@ async def test_errors_push_a_line_down(prism_fake, prism_gateway):
     assert stats["good/up-good"].error_rate == 0.0
 
 
+@pytest.mark.parametrize("policy", ["fallback", "return"])
+async def test_a_line_answering_empty_is_not_a_fast_line(prism_fake, prism_gateway, policy):
+    # Nothing answers faster than an empty answer: counted as healthy, it would lead
+    # (about 3/4 of the calls) and cost each of them an attempt, or its answer.
+    prism_fake.script("hollow", [Fault(empty_length=True)] * 100)
+    prism_fake.script("good", [Fault(stall_s=0.02)] * 100)
+    cat = catalog(prism_fake, line("hollow", "g"), line("good", "g"), retries=0, empty=policy)
+    gw = await prism_gateway(cat, load_plugins=PLUGINS, random=random.Random(7).random)
+    calls = 30
+    led = 0
+    served_empty = "empty" if policy == "return" else None
+    for _ in range(calls):
+        answer = await chat(gw)
+        assert answer.status == 200
+        if answer.tried[0] == "hollow/up-hollow":
+            led += 1
+            assert answer.headers.get("x-prism-outcome") == served_empty
+    # It leads only when power of two choices draws it twice (1/4), never on its score.
+    assert led <= 0.4 * calls  # expected about 8 of 30
+    attempts = prism_fake.hits("hollow") + prism_fake.hits("good")
+    assert attempts == calls + (led if policy == "fallback" else 0)
+    stats = order(gw).stats
+    assert stats["hollow/up-hollow"].error_rate == 1.0
+    assert stats["hollow/up-hollow"].latency_ms is None  # no answer was measured
+
+
 async def test_lines_outside_the_group_keep_their_place(prism_fake, prism_gateway):
     for name in ("a", "b", "c"):
         prism_fake.script(name, [Fault(status=500)] * 100)
@@ -133,7 +159,7 @@ async def test_lines_outside_the_group_keep_their_place(prism_fake, prism_gatewa
         middle = tuple(answer.tried[1:3])
         assert sorted(middle) == ["b/up-b", "c/up-c"]
         # The attempt record shows the order used, before the attempts.
-        assert answer.notes == [f"note scoring:-group-g-order-{middle[0]},-{middle[1]}"]
+        assert answer.notes == [f"note scoring: group g order {middle[0]}, {middle[1]}"]
         assert answer.log[0].startswith("note ")
         middles.add(middle)
     assert len(middles) == 2  # both fail alike: either may lead
@@ -186,11 +212,11 @@ async def test_the_breaker_skips_and_scoring_orders_what_is_left(prism_fake, pri
     for _ in range(20):
         answer = await chat(gw)
         assert answer.status == 200
-        if "dead/up-dead skipped breaker:-isolated" in answer.log:
+        if "dead/up-dead skipped breaker: isolated" in answer.log:
             seen_skip = True
             assert "dead/up-dead" not in answer.tried
             (note,) = answer.notes
-            assert "dead" not in note and "group-g-order" in note
+            assert "dead" not in note and "group g order" in note
     assert seen_skip
     assert prism_fake.hits("dead") == 1
 
@@ -270,7 +296,7 @@ async def test_a_rule_chain_group_is_ordered(prism_fake, prism_gateway):
         answer = await chat(gw)
         assert answer.status == 200 and answer.headers["x-prism-route"] == "all"
         (note,) = answer.notes
-        assert note.startswith("note scoring:-group-rg-order-")
+        assert note.startswith("note scoring: group rg order ")
         leaders.add(answer.tried[0])
     assert prism_fake.hits("a") == 0
     assert leaders <= {"r1/up-r1", "r2/up-r2"}
