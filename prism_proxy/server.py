@@ -42,6 +42,10 @@ GC_YOUNG_THRESHOLD = 10_000
 #: As asyncio's and aiohttp's own listeners: rebind at once after a restart (POSIX only;
 #: on Linux it never lets two listeners share a port).
 REUSE_ADDRESS = os.name == "posix" and sys.platform != "cygwin"
+#: Linux's TCP_DEFER_ACCEPT (None elsewhere), and how long the kernel holds a
+#: connection that has sent nothing before handing it over all the same.
+DEFER_ACCEPT: int | None = getattr(socket, "TCP_DEFER_ACCEPT", None)
+DEFER_ACCEPT_S = 1
 
 
 class CannotListen(OSError):
@@ -101,6 +105,12 @@ def bind(host: str, port: int, *, backlog: int = DEFAULT_BACKLOG) -> list[socket
                 address = (address[0], sockets[0].getsockname()[1], *address[2:])
             sock.bind(address)
             sock.listen(backlog)
+            if DEFER_ACCEPT is not None:
+                # A connection reaches the gateway with its first bytes (a caller's
+                # request head): at the connection cap, a caller is told from a
+                # slow head at once (see connections.ConnectionGuard.make_room),
+                # and one that sends nothing waits its first second in the kernel.
+                sock.setsockopt(socket.IPPROTO_TCP, DEFER_ACCEPT, DEFER_ACCEPT_S)
             sock.setblocking(False)
     except OSError as exc:
         close_sockets(sockets)
@@ -124,6 +134,8 @@ class Listening:
     runner: web.AppRunner
     host: str
     port: int
+    #: How long calls in flight have to finish once ``stop()`` begins.
+    grace_s: float
 
     @property
     def url(self) -> str:
@@ -131,7 +143,36 @@ class Listening:
         return f"http://{host}:{self.port}"
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Drain: the gateway is marked draining, the listener closes, calls in flight
+        have ``grace_s`` to finish, the rest are cancelled, then the app cleans up.
+
+        The mark comes first, so nothing the gateway sends itself from here on
+        (probes) meets its own closed port.  aiohttp alone waits the grace, asks
+        the calls left to stop, then waits as long again: a stuck stream held a
+        worker twice its grace, past the point where its supervisor kills it.
+        """
+        gateway = self.runner.app.get(GATEWAY)
+        if gateway is not None:
+            gateway.start_draining()
+        cut_off = asyncio.get_running_loop().call_later(self.grace_s, self._cut_off)
+        try:
+            await self.runner.cleanup()
+        finally:
+            cut_off.cancel()
+
+    def _cut_off(self) -> None:
+        """Close the connections still busy at the grace: their handlers are cancelled
+        at once (handler cancellation is on) and their calls settle as aborted."""
+        server = self.runner.server
+        busy = server.connections if server is not None else []
+        if busy:
+            log.warning(
+                "draining: the grace (%.0f s) is over; busy connections closed: %d",
+                self.grace_s,
+                len(busy),
+            )
+        for handler in busy:
+            handler.force_close()
 
 
 async def listen(
@@ -157,8 +198,9 @@ async def listen(
     the rest are cancelled (and settle as aborted).  Connections are
     guarded (see :mod:`.connections`): a request head must arrive within
     ``header_timeout_s``, idle keep-alive connections close after
-    ``keepalive_timeout_s``, and beyond ``max_connections`` (default: 45%
-    of the open-file soft limit) new connections are refused at once;
+    ``keepalive_timeout_s``, and at ``max_connections`` (default: 45%
+    of the open-file soft limit) a new connection takes the place of one
+    still waiting for its request head, or is refused at once;
     up to ``backlog`` more wait in the kernel's queue to be accepted.
     """
     sockets = app.get(LISTEN_SOCKETS)
@@ -197,7 +239,7 @@ async def listen(
         close_sockets(sockets)
         raise
     bound_port = runner.addresses[0][1]
-    return Listening(runner, host, bound_port)
+    return Listening(runner, host, bound_port, grace_s)
 
 
 def listen_options(config: Config) -> dict[str, Any]:

@@ -135,6 +135,9 @@ async def test_connections_beyond_the_cap_are_refused_at_once(prism_gateway, cat
     gw = await prism_gateway(catalog, config={"max_connections": 3})
     port = gw.listening.port
     held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    for _, writer in held:
+        # In the middle of a request (its body still to come): no connection gives way.
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n")
     try:
         await asyncio.sleep(0.05)
         started = time.monotonic()
@@ -202,6 +205,7 @@ async def test_the_parser_s_rejections_are_json(prism_gateway, catalog, prism_fa
     assert (got_status, body["error"]["code"]) == (status, code)
     assert headers["content-type"].startswith("application/json")
     assert headers["server"] == "prism"
+    assert headers["x-prism-request-id"].startswith("req_")
     assert SECRET not in raw  # never echoed back
     # One WARNING line naming the peer and the reason; no traceback, no request bytes.
     rejected = [r for r in caplog.records if r.name.startswith("aiohttp") or r.name == "prism.http"]
