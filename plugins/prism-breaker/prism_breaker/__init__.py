@@ -1,12 +1,9 @@
 """prism-breaker: per-binding breakers and a persisted recovery state machine."""
 
-from .machine import Admission, Machine, Observation, Snapshot, State, Transition
-from .overrides import Override, OverrideError
-from .plugin import BreakerHooks, breaker_of
-from .runtime import HEADER, Breaker
-from .settings import Settings
-from .sqlite_store import SqliteStore
-from .store import (
+# The store's protocols and records, and ``percentile``, are the core's
+# (``prism_proxy``): other plugins share them from there.  They stay importable
+# from here for the plugins and tests that did so.
+from prism_proxy import (
     STORE_ROLE,
     AuditEntry,
     BindingRecord,
@@ -14,10 +11,20 @@ from .store import (
     BreakerStore,
     Fleet,
     FleetView,
+    Override,
     StoredTransition,
     StoreProvider,
+    percentile,
 )
-from .trackers import percentile
+
+from .admission import HEADER
+from .health import Admission, Observation, Snapshot, State, Transition
+from .machine import Machine
+from .overrides import OverrideError
+from .plugin import BreakerHooks, breaker_of
+from .runtime import Breaker
+from .settings import Settings
+from .sqlite_store import SqliteStore
 
 __all__ = [
     "HEADER",

@@ -20,13 +20,30 @@ from typing import Any
 
 import orjson
 
-from prism_proxy import GATEWAY, Catalog, Commands, Config, create_app
+from prism_proxy import (
+    BREAKER_ROLE,
+    GATEWAY,
+    AuditEntry,
+    BreakerStore,
+    Catalog,
+    Commands,
+    Config,
+    Override,
+    create_app,
+)
 
-from .endpoints import RUNTIME_NAME
-from .overrides import Override, OverrideError, check_target, iso
+from .overrides import (
+    OverrideError,
+    audit_subjects,
+    build_override,
+    check_target,
+    iso,
+    override_json,
+    subject,
+)
+from .reports import audit_json
 from .settings import MEMORY, Settings
 from .sqlite_store import StoreError
-from .store import AuditEntry, BreakerStore
 
 __all__ = ["add_commands"]
 
@@ -91,7 +108,7 @@ def _why(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace, config: Config) -> int:
     generation = create_app(config)[GATEWAY].current
-    hooks = generation.plugin(RUNTIME_NAME)
+    hooks = generation.plugin(BREAKER_ROLE)
     if hooks is None:
         print(f"prism breaker: {config.source}: the breaker is disabled", file=sys.stderr)
         return 2
@@ -149,7 +166,7 @@ async def _list(
     if args.json:
         out = {
             "bindings": bindings,
-            "overrides": [o.to_json(now) for o in overrides],
+            "overrides": [override_json(o, now) for o in overrides],
             "overdue_reviews": [o.id for o in overrides if o.review_overdue(now)],
         }
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
@@ -201,7 +218,7 @@ async def _add(
     )
     now = time.time()
     try:
-        override = Override.build(
+        override = build_override(
             kind=kind,
             scope=scope,
             target=target,
@@ -218,20 +235,20 @@ async def _add(
         flag = scope if err.field == "target" else err.field.replace("_", "-")
         print(f"prism breaker {kind}: --{flag}: {err.problem}", file=sys.stderr)
         return 1
-    subject = target if scope == "binding" else f"{scope}:{target}"
+    about = subject(override)
     await store.add_override(
         override,
         AuditEntry(
             at=now,
             actor=override.owner,
             action=kind,
-            subject=subject,
+            subject=about,
             cause=override.reason,
             evidence=await _recorded_states(store, catalog, override),
             override_id=override.id,
         ),
     )
-    print(f"{override.id}  {kind} {subject}  review by {iso(override.review_by)}")
+    print(f"{override.id}  {kind} {about}  review by {iso(override.review_by)}")
     return 0
 
 
@@ -244,14 +261,13 @@ async def _release(
         print(f"prism breaker release: no active override {args.id!r}", file=sys.stderr)
         return 1
     owner = args.owner or getpass.getuser()
-    subject = found.target if found.scope == "binding" else f"{found.scope}:{found.target}"
     ended = await store.end_override(
         args.id,
         AuditEntry(
             at=time.time(),
             actor=owner,
             action="release",
-            subject=subject,
+            subject=subject(found),
             cause=args.reason,
             evidence=await _recorded_states(store, catalog, found),
             override_id=args.id,
@@ -276,10 +292,10 @@ async def _audit(
                 file=sys.stderr,
             )
             return 1
-        subjects = [binding.id, f"provider:{binding.provider}", f"model:{binding.model}"]
+        subjects = audit_subjects(binding)
     entries = await store.audit(subjects=subjects, limit=max(1, min(args.limit, 10_000)))
     if args.json:
-        print(orjson.dumps([e.to_json() for e in entries], option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps([audit_json(e) for e in entries], option=orjson.OPT_INDENT_2).decode())
         return 0
     for e in entries:
         change = f"{e.from_state} -> {e.to_state}" if e.action == "transition" else e.action

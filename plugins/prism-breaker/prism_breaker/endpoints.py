@@ -14,16 +14,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prism_proxy import GATEWAY, PrismError, admin_handler, require_admin
+from prism_proxy import BREAKER_ROLE, GATEWAY, PrismError, admin_handler, require_admin
 
-from .overrides import Override, OverrideError
+from .overrides import OverrideError, audit_subjects, build_override, override_json
+from .reports import audit_json
 from .runtime import Breaker
 
-__all__ = ["RUNTIME_NAME", "add_routes"]
+__all__ = ["add_routes"]
 
 MAX_AUDIT = 1000
-#: The name each generation's breaker hooks are registered under.
-RUNTIME_NAME = "breaker.runtime"
 
 
 def add_routes(app: web.Application) -> None:
@@ -36,7 +35,7 @@ def add_routes(app: web.Application) -> None:
 
 def _breaker(request: web.Request) -> Breaker:
     """The breaker of the generation serving now."""
-    hooks = request.app[GATEWAY].current.plugin(RUNTIME_NAME)
+    hooks = request.app[GATEWAY].current.plugin(BREAKER_ROLE)
     if hooks is None:
         raise PrismError(404, "breaker_off", "the breaker plugin is not active")
     breaker: Breaker = hooks.breaker
@@ -64,7 +63,7 @@ async def list_overrides(request: web.Request) -> web.Response:
     active = sorted(breaker.overrides.active.values(), key=lambda o: o.created_at)
     return _json(
         {
-            "overrides": [o.to_json(wall_now) for o in active],
+            "overrides": [override_json(o, wall_now) for o in active],
             "overdue_reviews": [o.id for o in active if o.review_overdue(wall_now)],
         }
     )
@@ -75,7 +74,7 @@ async def create_override(request: web.Request) -> web.Response:
     breaker = _breaker(request)
     body = await _body(request)
     try:
-        override = Override.build(
+        override = build_override(
             kind=_field(body, "kind", str),
             scope=_field(body, "scope", str),
             target=_field(body, "target", str),
@@ -90,7 +89,7 @@ async def create_override(request: web.Request) -> web.Response:
         await breaker.add_override(override)
     except OverrideError as err:
         raise _invalid(err) from None
-    return _json({"override": override.to_json(breaker.wall.now())}, status=201)
+    return _json({"override": override_json(override, breaker.wall.now())}, status=201)
 
 
 @admin_handler
@@ -110,7 +109,7 @@ async def release_override(request: web.Request) -> web.Response:
         raise PrismError(
             404, "override_not_found", f"no active override {override_id!r}", param="id"
         )
-    return _json({"released": ended.to_json(breaker.wall.now())})
+    return _json({"released": override_json(ended, breaker.wall.now())})
 
 
 @admin_handler
@@ -133,9 +132,9 @@ async def audit(request: web.Request) -> web.Response:
                 f"no binding {binding_id!r} in the catalog",
                 param="binding",
             )
-        subjects = breaker.audit_subjects(binding)
+        subjects = audit_subjects(binding)
     entries = await breaker.store.audit(subjects=subjects, limit=int(raw_limit))
-    return _json({"entries": [e.to_json() for e in entries]})
+    return _json({"entries": [audit_json(e) for e in entries]})
 
 
 async def _body(request: web.Request) -> dict[str, Any]:

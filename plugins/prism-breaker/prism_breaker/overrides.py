@@ -11,28 +11,30 @@ import datetime as dt
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
-from prism_proxy import Binding
+from prism_proxy import Binding, Override, OverrideKind, OverrideScope
 
 __all__ = [
     "KINDS",
     "SCOPES",
-    "Override",
     "OverrideBook",
     "OverrideError",
+    "audit_subjects",
+    "build_override",
     "check_target",
+    "describe",
     "iso",
     "new_override_id",
+    "override_json",
     "parse_when",
+    "subject",
 ]
 
-Kind = Literal["quarantine", "cap"]
-Scope = Literal["binding", "provider", "model"]
-KINDS: tuple[Kind, ...] = ("quarantine", "cap")
-SCOPES: tuple[Scope, ...] = ("binding", "provider", "model")
+KINDS: tuple[OverrideKind, ...] = ("quarantine", "cap")
+SCOPES: tuple[OverrideScope, ...] = ("binding", "provider", "model")
 MAX_REASON = 500
 MAX_OWNER = 100
 
@@ -46,120 +48,97 @@ class OverrideError(ValueError):
         self.problem = problem
 
 
-@attrs.frozen
-class Override:
-    """One operator decision.  Times are wall-clock epoch seconds (they outlive processes).
+def build_override(
+    *,
+    kind: str,
+    scope: str,
+    target: str,
+    reason: str,
+    owner: str,
+    created_at: float,
+    review_by: str | None,
+    review_default_s: float,
+    max_in_flight: int | None = None,
+    expires: str | None = None,
+) -> Override:
+    """Validate operator input (admin API and CLI alike); raises :class:`OverrideError`."""
+    if kind not in KINDS:
+        raise OverrideError("kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    if scope not in SCOPES:
+        raise OverrideError("scope", f"expected one of {', '.join(SCOPES)}, got {scope!r}")
+    target = _text("target", target, 300)
+    reason = _text("reason", reason, MAX_REASON)
+    owner = _text("owner", owner, MAX_OWNER)
+    review_at = (
+        created_at + review_default_s
+        if review_by is None
+        else parse_when("review_by", review_by, created_at)
+    )
+    expires_at = None if expires is None else parse_when("expires", expires, created_at)
+    if kind == "cap":
+        if max_in_flight is None:
+            raise OverrideError("max_in_flight", "a cap needs max_in_flight")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+            raise OverrideError("max_in_flight", f"expected a whole number, got {max_in_flight!r}")
+        if not 0 <= max_in_flight <= 100_000:
+            raise OverrideError("max_in_flight", f"must be 0..100000, got {max_in_flight}")
+    else:
+        if max_in_flight is not None:
+            raise OverrideError("max_in_flight", "only a cap has max_in_flight")
+        if expires_at is not None:
+            raise OverrideError(
+                "expires", "a quarantine never expires on its own: release it explicitly"
+            )
+    return Override(
+        id=new_override_id(),
+        kind=kind,
+        scope=scope,
+        target=target,
+        reason=reason,
+        owner=owner,
+        created_at=created_at,
+        review_by=review_at,
+        expires_at=expires_at,
+        max_in_flight=max_in_flight,
+    )
 
-    ``scope`` is what ``target`` names: a binding id (``provider/model``), a
-    provider, or an upstream model name (every binding serving it, on any
-    provider).
-    """
 
-    id: str
-    kind: Kind
-    scope: Scope
-    target: str
-    reason: str
-    owner: str
-    created_at: float
-    review_by: float
-    expires_at: float | None = None
-    max_in_flight: int | None = None
+def override_json(override: Override, wall_now: float, *, with_text: bool = True) -> dict[str, Any]:
+    """JSON form; ``with_text`` False leaves out the operator's reason and name."""
+    out: dict[str, Any] = {
+        "id": override.id,
+        "kind": override.kind,
+        "scope": override.scope,
+        "target": override.target,
+        "created": iso(override.created_at),
+        "review_by": iso(override.review_by),
+        "review_overdue": override.review_overdue(wall_now),
+    }
+    if override.kind == "cap":
+        out["max_in_flight"] = override.max_in_flight
+        out["expires"] = iso(override.expires_at) if override.expires_at is not None else None
+        out["expired"] = override.expired(wall_now)
+    if with_text:
+        out["reason"] = override.reason
+        out["owner"] = override.owner
+    return out
 
-    def covers(self, binding: Binding) -> bool:
-        if self.scope == "binding":
-            return binding.id == self.target
-        if self.scope == "provider":
-            return binding.provider == self.target
-        return binding.model == self.target
 
-    def expired(self, wall_now: float) -> bool:
-        return self.expires_at is not None and wall_now >= self.expires_at
+def describe(override: Override) -> str:
+    what = "quarantine" if override.kind == "quarantine" else f"cap {override.max_in_flight}"
+    return f"{what} ({override.id})"
 
-    def review_overdue(self, wall_now: float) -> bool:
-        return wall_now >= self.review_by
 
-    def describe(self) -> str:
-        what = "quarantine" if self.kind == "quarantine" else f"cap {self.max_in_flight}"
-        return f"{what} ({self.id})"
+def subject(override: Override) -> str:
+    """What an audit row about ``override`` names: a binding id, or ``scope:target``."""
+    if override.scope == "binding":
+        return override.target
+    return f"{override.scope}:{override.target}"
 
-    def to_json(self, wall_now: float, *, with_text: bool = True) -> dict[str, Any]:
-        """JSON form; ``with_text`` False leaves out the operator's reason and name."""
-        out: dict[str, Any] = {
-            "id": self.id,
-            "kind": self.kind,
-            "scope": self.scope,
-            "target": self.target,
-            "created": iso(self.created_at),
-            "review_by": iso(self.review_by),
-            "review_overdue": self.review_overdue(wall_now),
-        }
-        if self.kind == "cap":
-            out["max_in_flight"] = self.max_in_flight
-            out["expires"] = iso(self.expires_at) if self.expires_at is not None else None
-            out["expired"] = self.expired(wall_now)
-        if with_text:
-            out["reason"] = self.reason
-            out["owner"] = self.owner
-        return out
 
-    @classmethod
-    def build(
-        cls,
-        *,
-        kind: str,
-        scope: str,
-        target: str,
-        reason: str,
-        owner: str,
-        created_at: float,
-        review_by: str | None,
-        review_default_s: float,
-        max_in_flight: int | None = None,
-        expires: str | None = None,
-    ) -> Override:
-        """Validate operator input (admin API and CLI alike); raises :class:`OverrideError`."""
-        if kind not in KINDS:
-            raise OverrideError("kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
-        if scope not in SCOPES:
-            raise OverrideError("scope", f"expected one of {', '.join(SCOPES)}, got {scope!r}")
-        target = _text("target", target, 300)
-        reason = _text("reason", reason, MAX_REASON)
-        owner = _text("owner", owner, MAX_OWNER)
-        review_at = (
-            created_at + review_default_s
-            if review_by is None
-            else parse_when("review_by", review_by, created_at)
-        )
-        expires_at = None if expires is None else parse_when("expires", expires, created_at)
-        if kind == "cap":
-            if max_in_flight is None:
-                raise OverrideError("max_in_flight", "a cap needs max_in_flight")
-            if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-                raise OverrideError(
-                    "max_in_flight", f"expected a whole number, got {max_in_flight!r}"
-                )
-            if not 0 <= max_in_flight <= 100_000:
-                raise OverrideError("max_in_flight", f"must be 0..100000, got {max_in_flight}")
-        else:
-            if max_in_flight is not None:
-                raise OverrideError("max_in_flight", "only a cap has max_in_flight")
-            if expires_at is not None:
-                raise OverrideError(
-                    "expires", "a quarantine never expires on its own: release it explicitly"
-                )
-        return cls(
-            id=new_override_id(),
-            kind=kind,
-            scope=scope,
-            target=target,
-            reason=reason,
-            owner=owner,
-            created_at=created_at,
-            review_by=review_at,
-            expires_at=expires_at,
-            max_in_flight=max_in_flight,
-        )
+def audit_subjects(binding: Binding) -> list[str]:
+    """What the audit rows about ``binding`` name: it, or a scope that covers it."""
+    return [binding.id, f"provider:{binding.provider}", f"model:{binding.model}"]
 
 
 def check_target(override: Override, bindings: Mapping[str, Binding]) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable
+from typing import Any
 
 from aiohttp import web
 
 from prism_proxy import (
+    BREAKER_ROLE,
+    STORE_ROLE,
     Attempt,
     Binding,
+    BreakerStore,
+    BreakerView,
     Call,
     Catalog,
     CatalogKeys,
@@ -18,15 +23,15 @@ from prism_proxy import (
     ModelSpec,
     Route,
     Settlement,
+    StoreProvider,
     hookimpl,
 )
 
 from .cli import add_commands
-from .endpoints import RUNTIME_NAME, add_routes
+from .endpoints import add_routes
 from .runtime import Breaker
 from .settings import Settings
 from .sqlite_store import SqliteStore
-from .store import STORE_ROLE, BreakerStore, StoreProvider
 
 
 @hookimpl
@@ -49,7 +54,8 @@ def prism_generation(generation: Generation) -> None:
     )
     hooks = BreakerHooks(breaker, settings, catalog, generation.number)
     generation.cleanup_ctx.append(hooks.serving)
-    generation.register(hooks, RUNTIME_NAME)
+    view: BreakerView = hooks  # what other plugins read under BREAKER_ROLE: type-checked here
+    generation.register(view, BREAKER_ROLE)
 
 
 def _store(
@@ -93,20 +99,44 @@ def prism_cli(commands: Commands) -> None:
 
 def breaker_of(generation: Generation) -> Breaker | None:
     """The breaker ``generation`` routes with (None: the plugin is not active)."""
-    hooks = generation.plugin(RUNTIME_NAME)
+    hooks = generation.plugin(BREAKER_ROLE)
     return hooks.breaker if isinstance(hooks, BreakerHooks) else None
 
 
 class BreakerHooks:
-    """One generation's view of the kept breaker: its settings, its catalog, the hooks."""
+    """One generation's view of the kept breaker: its settings, its catalog, the hooks.
+
+    Also what other plugins see of the breaker (a :class:`prism_proxy.BreakerView`,
+    registered under ``prism_proxy.BREAKER_ROLE``).
+    """
 
     def __init__(
         self, breaker: Breaker, settings: Settings, catalog: Catalog, generation: int
     ) -> None:
         self.breaker = breaker
+        # The per-call hooks go straight to the part that serves them.
+        self.admission = breaker.admission
         self.settings = settings
         self.catalog = catalog
         self.generation = generation
+
+    @property
+    def probe_status(self) -> dict[str, Any] | None:
+        return self.breaker.probe_status
+
+    @probe_status.setter
+    def probe_status(self, status: dict[str, Any] | None) -> None:
+        self.breaker.probe_status = status
+
+    def health(
+        self, *, with_text: bool, capacity: Callable[[Binding], dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        return self.breaker.health(with_text=with_text, capacity=capacity)
+
+    def probe_result(
+        self, binding_id: str, passed: bool, detail: str, *, opens_trial: bool
+    ) -> None:
+        self.breaker.probe_result(binding_id, passed, detail, opens_trial=opens_trial)
 
     async def serving(self) -> AsyncIterator[None]:
         """From the moment this generation starts, the breaker judges by its catalog."""
@@ -119,24 +149,24 @@ class BreakerHooks:
     ) -> Generator[None, Route | None, Route | None]:
         route = yield
         if route is not None:
-            self.breaker.select(call, route)
+            self.admission.select(call, route)
         return route
 
     @hookimpl(trylast=True)  # may answer with an awaitable: the others decide first
     def prism_admit_attempt(
         self, call: Call, binding: Binding
     ) -> str | Awaitable[str | None] | None:
-        return self.breaker.admit_attempt(call, binding)
+        return self.admission.admit_attempt(call, binding)
 
     @hookimpl
     def prism_attempt_start(self, call: Call, attempt: Attempt) -> None:
-        self.breaker.attempt_start(call, attempt)
+        self.admission.attempt_start(call, attempt)
 
     @hookimpl
     def prism_on_attempt(self, call: Call, attempt: Attempt) -> None:
         evidence = self.breaker.is_evidence(self.catalog, attempt.binding)
-        self.breaker.on_attempt(call, attempt, evidence=evidence)
+        self.admission.on_attempt(call, attempt, evidence=evidence)
 
     @hookimpl
     def prism_settle(self, call: Call, settlement: Settlement) -> None:
-        self.breaker.settle(call, settlement)
+        self.admission.settle(call, settlement)

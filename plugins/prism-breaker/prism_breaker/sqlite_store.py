@@ -1,4 +1,4 @@
-"""The default :class:`~prism_breaker.store.BreakerStore`: one SQLite file (stdlib ``sqlite3``).
+"""The default :class:`prism_proxy.BreakerStore`: one SQLite file (stdlib ``sqlite3``).
 
 Calls run in a worker thread (``asyncio.to_thread``) on one connection,
 serialised by a lock, so the event loop never waits on the disk.  WAL mode
@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .overrides import Override
+from prism_proxy import AuditEntry, BindingRecord, Fleet, Override, StoredTransition
+
 from .settings import MEMORY
-from .store import AuditEntry, BindingRecord, Fleet, StoredTransition
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "StoreError"]
 

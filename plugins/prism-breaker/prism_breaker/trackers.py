@@ -5,11 +5,12 @@ from __future__ import annotations
 import bisect
 import collections
 import enum
-import math
 
 import attrs
 
-__all__ = ["ErrorWindow", "LatencyTrack", "Slowness", "percentile"]
+from prism_proxy import percentile
+
+__all__ = ["ErrorWindow", "LatencyTrack", "Slowness"]
 
 
 @attrs.define
@@ -195,10 +196,3 @@ def _median(values: list[float]) -> float:
         return values[mid]
     return (values[mid - 1] + values[mid]) / 2
 
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of already sorted values (None when empty)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return round(sorted_values[rank - 1], 1)

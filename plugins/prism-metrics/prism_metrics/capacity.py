@@ -22,9 +22,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
-from prism_breaker import percentile
 
-from prism_proxy import Catalog
+from prism_proxy import Catalog, percentile
 
 __all__ = ["BUCKET_S", "CapacityRule", "Judgement", "Peaks", "minutes_in"]
 

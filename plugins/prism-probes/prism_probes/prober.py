@@ -28,9 +28,15 @@ from typing import Any
 
 import aiohttp
 import attrs
-from prism_breaker import Breaker, breaker_of
 
-from prism_proxy import INTERNAL_HEADER, Binding, Generation, background
+from prism_proxy import (
+    BREAKER_ROLE,
+    INTERNAL_HEADER,
+    Binding,
+    BreakerView,
+    Generation,
+    background,
+)
 
 from .client import call_gateway
 from .fixtures import Answer, Fixture, fixtures_for
@@ -105,7 +111,7 @@ class Prober:
                 except Exception:  # a round that fails must not end probing
                     log.exception("probes: a round failed")
 
-    def candidates(self, breaker: Breaker) -> list[tuple[Binding, str]]:
+    def candidates(self, breaker: BreakerView) -> list[tuple[Binding, str]]:
         """(binding, why) for every binding only a probe can tell about now."""
         out = []
         for entry in breaker.health(with_text=False)["bindings"]:
@@ -126,7 +132,7 @@ class Prober:
         return self.generation.self_link.draining or self.generation.retired
 
     async def round(self, session: aiohttp.ClientSession) -> None:
-        breaker = breaker_of(self.generation)
+        breaker: BreakerView | None = self.generation.plugin(BREAKER_ROLE)
         url = self.generation.self_link.url
         if breaker is None or url is None or self.standing_down():
             return
@@ -172,7 +178,7 @@ class Prober:
         self,
         session: aiohttp.ClientSession,
         url: str,
-        breaker: Breaker,
+        breaker: BreakerView,
         binding: Binding,
         why: str,
     ) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 
 import attrs
 import orjson
-from prism_breaker import (
+
+from prism_proxy import (
     AuditEntry,
     BindingRecord,
     BindingReport,
@@ -49,7 +50,7 @@ def _json(value: Any) -> str:
 
 
 class RedisBreakerStore:
-    """A :class:`prism_breaker.BreakerStore` on Redis that is also its own ``fleet``."""
+    """A :class:`prism_proxy.BreakerStore` on Redis that is also its own ``fleet``."""
 
     def __init__(self, shared: SharedRedis) -> None:
         self.shared = shared

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Hashable, Mapping
 
-from prism_breaker import STORE_ROLE, BreakerStore
-from prism_breaker import Settings as BreakerSettings
-
-from prism_proxy import CheckLine, Generation, hookimpl
+from prism_proxy import STORE_ROLE, BreakerStore, CheckLine, Generation, hookimpl
 
 from .breaker_store import RedisBreakerStore
 from .capacity import FleetCapacity
@@ -45,13 +42,13 @@ def prism_check(generation: Generation, offline: bool) -> Awaitable[list[CheckLi
 
 
 class StoreOffer:
-    """The breaker's store on this link (a :class:`prism_breaker.StoreProvider`)."""
+    """The breaker's store on this link (a :class:`prism_proxy.StoreProvider`)."""
 
     def __init__(self, shared: SharedRedis, store_key: Hashable) -> None:
         self.shared = shared
         self.store_key = store_key
 
-    def breaker_store(self, settings: BreakerSettings) -> BreakerStore:
+    def breaker_store(self, settings: object) -> BreakerStore:
         return RedisBreakerStore(self.shared)
 
 

@@ -1,34 +1,36 @@
-"""The state store interface: what must survive a restart, and the audit log.
+"""The breaker's state as other plugins see it: the store that keeps it, the records in it,
+the fleet that shares it, and the view the breaker offers of itself.
 
-The gateway keeps the truth for routing in memory and writes here off the
-hot path; it reads here at start-up and, periodically, to pick up overrides
-written by someone else (the CLI, another replica).  :class:`BreakerStore`
-is deliberately small so a store shared by several gateways (prism-redis)
-can replace the SQLite one without touching the state machine; such a store
-also offers a :class:`Fleet`: trial slots, windows and trial evidence that
-every gateway sharing it combines.
+prism-breaker keeps every binding's health; another plugin may keep that state
+for it (prism-redis, for gateways that run as several processes) or read it
+(prism-metrics, prism-probes).  The shapes they exchange live here, on the
+core's public surface, so that no plugin imports another plugin's package.
+Nothing here does I/O or holds state: the store and the fleet are protocols,
+the records plain values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
-from .overrides import Override, iso
-
-if TYPE_CHECKING:
-    from .settings import Settings
+from .catalog import Binding
 
 __all__ = [
+    "BREAKER_ROLE",
     "STORE_ROLE",
     "AuditEntry",
     "BindingRecord",
     "BindingReport",
     "BreakerStore",
+    "BreakerView",
     "Fleet",
     "FleetView",
+    "Override",
+    "OverrideKind",
+    "OverrideScope",
     "StoreProvider",
     "StoredTransition",
 ]
@@ -36,6 +38,45 @@ __all__ = [
 #: The name under which a plugin registers its :class:`StoreProvider` (tryfirst
 #: in ``prism_generation``, so it is there when the breaker looks).
 STORE_ROLE = "breaker.store"
+#: The name under which the breaker registers each generation's :class:`BreakerView`.
+BREAKER_ROLE = "breaker.runtime"
+
+OverrideKind = Literal["quarantine", "cap"]
+OverrideScope = Literal["binding", "provider", "model"]
+
+
+@attrs.frozen
+class Override:
+    """One operator decision.  Times are wall-clock epoch seconds (they outlive processes).
+
+    ``scope`` is what ``target`` names: a binding id (``provider/model``), a
+    provider, or an upstream model name (every binding serving it, on any
+    provider).
+    """
+
+    id: str
+    kind: OverrideKind
+    scope: OverrideScope
+    target: str
+    reason: str
+    owner: str
+    created_at: float
+    review_by: float
+    expires_at: float | None = None
+    max_in_flight: int | None = None
+
+    def covers(self, binding: Binding) -> bool:
+        if self.scope == "binding":
+            return binding.id == self.target
+        if self.scope == "provider":
+            return binding.provider == self.target
+        return binding.model == self.target
+
+    def expired(self, wall_now: float) -> bool:
+        return self.expires_at is not None and wall_now >= self.expires_at
+
+    def review_overdue(self, wall_now: float) -> bool:
+        return wall_now >= self.review_by
 
 
 @attrs.frozen
@@ -76,21 +117,6 @@ class AuditEntry:
     revision: int | None = None
     override_id: str | None = None
     id: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "at": iso(self.at),
-            "actor": self.actor,
-            "action": self.action,
-            "subject": self.subject,
-            "from": self.from_state,
-            "to": self.to_state,
-            "cause": self.cause,
-            "revision": self.revision,
-            "override": self.override_id,
-            "evidence": self.evidence,
-        }
 
 
 @attrs.frozen
@@ -248,4 +274,28 @@ class StoreProvider(Protocol):
     #: Identifies the store: breakers are kept per key across reloads.
     store_key: Hashable
 
-    def breaker_store(self, settings: Settings) -> BreakerStore: ...
+    def breaker_store(self, settings: Any) -> BreakerStore:
+        """The store for a breaker with ``settings`` (prism-breaker's ``Settings``)."""
+        ...
+
+
+class BreakerView(Protocol):
+    """What other plugins may ask of the breaker, registered under :data:`BREAKER_ROLE`."""
+
+    #: What a probing plugin says of itself (allowance, pauses), shown in the health
+    #: report; None: no probes.
+    probe_status: dict[str, Any] | None
+
+    def health(
+        self, *, with_text: bool, capacity: Callable[[Binding], dict[str, Any] | None] | None = None
+    ) -> dict[str, Any]:
+        """Every binding's state, as ``GET /prism/health`` shows it; ``with_text`` adds the
+        operators' words on overrides, ``capacity`` a limited line's slots and queue."""
+        ...
+
+    def probe_result(
+        self, binding_id: str, passed: bool, detail: str, *, opens_trial: bool
+    ) -> None:
+        """A probe's verdict: shown in health, never customer evidence; a pass may open an
+        isolated binding's trial early, a failure isolates it again one step further."""
+        ...
