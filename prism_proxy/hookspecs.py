@@ -14,6 +14,10 @@ I/O in a background task your generation object starts (``prism_generation``)
 and read its results from memory.  Effect
 hooks (``prism_on_attempt``, ``prism_settle``) may return an awaitable, which
 the core awaits as their docstrings say.
+
+The signatures are binding for the core too: the hot path's compiled callers
+(``prism_proxy.hotpath.Hooks``) take their arguments and ``firstresult`` from
+these specs, and their types from these annotations.
 """
 
 from __future__ import annotations
@@ -286,7 +290,7 @@ def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
 
 
 @hookspec(firstresult=True)
-def prism_admit_attempt(call: Call, binding: Binding) -> str | None:
+def prism_admit_attempt(call: Call, binding: Binding) -> str | Awaitable[str | None] | None:
     """May ``binding`` be tried now?  Return None to go ahead, or a reason to veto.
 
     Called before every attempt: each binding's first try and each retry,
