@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random as random_module
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from aiohttp import web
 
 from .call import new_id
+from .clock import Clock, split_clock
 from .config import Config, load_config
 from .connections import SERVER
 from .endpoints import add_routes, add_unmatched_route
@@ -29,8 +28,8 @@ def create_app(
     *,
     plugins: Iterable[tuple[object, str]] = (),
     load_entrypoints: bool = True,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Clock | Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
     random: Callable[[], float] = random_module.random,
 ) -> web.Application:
     """Build the gateway application and its first generation.
@@ -38,8 +37,11 @@ def create_app(
     ``config`` is a loaded :class:`Config`, a path to a config file, or None
     to search from the current directory.  ``plugins`` registers extra
     ``(plugin, name)`` pairs beside the installed ones (tests, embedding
-    apps); ``clock``, ``sleep`` and ``random`` replace the time source, the
-    pause between retries and the jitter source (tests).  The result can be
+    apps); ``clock`` (a :class:`~prism_proxy.Clock`, e.g. a test's
+    ``ManualClock``), ``sleep`` and ``random`` replace the time deadlines,
+    budgets and the stream watchdog keep to, the pause between retries and
+    the jitter source (tests).  A bare ``() -> float`` for ``clock`` only
+    stamps calls and budgets; timers then stay on the loop.  The result can be
     run alone or mounted with ``add_subapp``; run it with
     ``handler_cancellation=True`` so a caller that disconnects cancels its
     upstream request at once (``prism serve`` does).  Building touches no file
@@ -47,12 +49,14 @@ def create_app(
     """
     if not isinstance(config, Config):
         config = load_config(config)
+    timers, now, pause = split_clock(clock, sleep)
     gateway = Gateway.for_config(
         config,
         plugins=tuple(plugins),
         load_entrypoints=load_entrypoints,
-        clock=clock,
-        sleep=sleep,
+        time=timers,
+        clock=now,
+        sleep=pause,
         random=random,
     )
     app = web.Application(client_max_size=config.max_body_bytes)

@@ -7,6 +7,9 @@ microseconds per attempt, when almost every attempt ends long before its
 deadline.  Here the deadlines that fall due in the same slice of
 :data:`RESOLUTION_S` share one timer, armed once for the slice and left to
 fire: a deadline is kept up to that much late, never early.
+
+The time and the timers are the generation's :class:`~prism_proxy.clock.Clock`
+(a test's manual clock expires them when it is advanced).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import asyncio
 import math
 from types import TracebackType
 from typing import Any
+
+from .clock import Clock, LoopClock
 
 __all__ = ["RESOLUTION_S", "Deadline", "Deadlines"]
 
@@ -59,11 +64,13 @@ class Deadline:
 
 
 class Deadlines:
-    """Deadlines for the blocks of many tasks, sharing one loop timer per slice of time."""
+    """Deadlines for the blocks of many tasks, sharing one timer per slice of time."""
 
-    __slots__ = ("_slices",)
+    __slots__ = ("_clock", "_now", "_slices")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock if clock is not None else LoopClock()
+        self._now = self._clock.now
         #: The blocks running with a deadline in each slice (``deadline / RESOLUTION_S``,
         #: rounded up).  A slice's set stays until its timer fires, so that each
         #: slice is armed once however often it empties and fills again.
@@ -71,15 +78,14 @@ class Deadlines:
 
     def within(self, seconds: float) -> Deadline:
         """A deadline ``seconds`` from now for a block of the current task (``with``)."""
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
+        task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline is kept by cancelling a task: call it from one")
-        due = math.ceil((loop.time() + seconds) / RESOLUTION_S)
+        due = math.ceil((self._now() + seconds) / RESOLUTION_S)
         members = self._slices.get(due)
         if members is None:
             members = self._slices[due] = set()
-            loop.call_at(due * RESOLUTION_S, self._expire, due)
+            self._clock.call_at(due * RESOLUTION_S, self._expire, due)
         return Deadline(task, members)
 
     def _expire(self, due: int) -> None:

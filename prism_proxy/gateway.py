@@ -6,13 +6,13 @@ import asyncio
 import collections
 import logging
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
 from aiohttp import web
 
+from .clock import Clock, LoopClock
 from .config import Config, load_config
 from .errors import ConfigError
 from .generation import Generation, Keeper, build_generation
@@ -27,15 +27,21 @@ log = logging.getLogger("prism")
 class Gateway:
     """One app's gateway: its current generation, the retired ones still draining, counters.
 
-    ``clock``, ``sleep`` and ``random`` are the time source, the pause
-    between retries and the jitter source (tests inject their own); every
-    generation gets the same ones.
+    ``time`` is the clock deadlines, pauses and the stream watchdog keep to;
+    ``clock`` and ``sleep`` (its ``now`` and ``sleep`` unless given apart)
+    stamp calls and pause between retries; ``random`` is the jitter source.
+    Tests inject their own; every generation gets the same ones.
     """
 
     #: The generation new calls run on.
     current: Generation = attrs.field(init=False)
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    time: Clock = attrs.field(factory=LoopClock)
+    clock: Callable[[], float] = attrs.field(
+        default=attrs.Factory(lambda self: self.time.now, takes_self=True)
+    )
+    sleep: Callable[[float], Awaitable[None]] = attrs.field(
+        default=attrs.Factory(lambda self: self.time.sleep, takes_self=True)
+    )
     random: Callable[[], float] = random.random
     #: Event counters (``chain_exceeded_max_time``, ``reloads`` …), served at GET /prism/stats.
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
@@ -83,6 +89,7 @@ class Gateway:
             keeper=self.keeper,
             plugins=self.plugins,
             load_entrypoints=self.load_entrypoints,
+            time=self.time,
             clock=self.clock,
             sleep=self.sleep,
             random=self.random,

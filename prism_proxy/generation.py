@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import random as random_module
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -30,6 +29,7 @@ import pluggy
 
 from .capacity import Capacity
 from .catalog import Binding, Catalog, load_catalog
+from .clock import Clock, LoopClock
 from .config import Config
 from .deadlines import Deadlines
 from .errors import ConfigError
@@ -119,8 +119,10 @@ class Generation:
 
     Plugins build their objects for it in ``prism_generation`` and
     :meth:`register` them; the per-call hooks are methods of those objects.
-    ``clock``, ``sleep`` and ``random`` are the process's (tests inject
-    their own); ``counters`` outlive generations.
+    ``time`` (the :class:`~prism_proxy.clock.Clock` deadlines, pauses and
+    the stream watchdog keep to) and ``random`` are the process's (tests
+    inject their own); ``clock`` and ``sleep`` are ``time.now`` and
+    ``time.sleep`` unless given apart; ``counters`` outlive generations.
     """
 
     number: int
@@ -128,8 +130,15 @@ class Generation:
     catalog: Catalog
     pm: pluggy.PluginManager
     keeper: Keeper
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    time: Clock = attrs.field(factory=LoopClock)
+    #: What calls and attempts are stamped with (``time.now``).
+    clock: Callable[[], float] = attrs.field(
+        default=attrs.Factory(lambda self: self.time.now, takes_self=True)
+    )
+    #: The pause between retries (``time.sleep``).
+    sleep: Callable[[float], Awaitable[None]] = attrs.field(
+        default=attrs.Factory(lambda self: self.time.sleep, takes_self=True)
+    )
     random: Callable[[], float] = random_module.random
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     providers: dict[str, Provider] = attrs.field(factory=dict)
@@ -137,8 +146,10 @@ class Generation:
     org_settings: dict[str, OrgSetting] = attrs.field(factory=dict)
     #: Capacity slots of lines with ``max_concurrency``, kept across generations.
     capacity: Capacity = attrs.field(factory=Capacity)
-    #: The attempts' deadlines (one loop timer per tenth of a second, not one per attempt).
-    deadlines: Deadlines = attrs.field(factory=Deadlines)
+    #: The attempts' deadlines (one timer per tenth of a second, not one per attempt).
+    deadlines: Deadlines = attrs.field(
+        default=attrs.Factory(lambda self: Deadlines(self.time), takes_self=True)
+    )
     #: Where plugins report measurements (a metrics plugin replaces the core's no-op).
     telemetry: Telemetry = attrs.field(factory=Telemetry)
     #: How the gateway reaches itself (shared by its generations).
@@ -261,16 +272,19 @@ def build_generation(
     self_link: SelfLink | None = None,
     plugins: Iterable[tuple[object, str]] = (),
     load_entrypoints: bool = True,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    time: Clock | None = None,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
     random: Callable[[], float] = random_module.random,
     counters: collections.Counter[str] | None = None,
 ) -> Generation:
     """Build (not start) the generation ``config`` describes; raises ``ConfigError``.
 
     Nothing here touches a file or the network: ``prism check`` builds a
-    generation and never starts it.
+    generation and never starts it.  ``time`` is the clock (the real one if
+    None); ``clock`` and ``sleep`` replace its ``now`` and ``sleep`` alone.
     """
+    time = time if time is not None else LoopClock()
     pm = make_plugin_manager(config, extra_plugins=plugins, load_entrypoints=load_entrypoints)
     kinds = provider_kinds(config, pm)
     catalog = load_catalog(
@@ -294,8 +308,9 @@ def build_generation(
         catalog=catalog,
         pm=pm,
         keeper=keeper if keeper is not None else Keeper(),
-        clock=clock,
-        sleep=sleep,
+        time=time,
+        clock=clock if clock is not None else time.now,
+        sleep=sleep if sleep is not None else time.sleep,
         random=random,
         counters=counters if counters is not None else collections.Counter(),
         self_link=self_link if self_link is not None else SelfLink(),

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from .call import Usage
+from .clock import Clock, Timer
 from .providers import UpstreamResponse
 from .sse import SSEBuffer, event_data
 from .wire import Wire
@@ -74,8 +75,10 @@ class UpstreamStream:
     __slots__ = (
         "_broken",
         "_chunks",
+        "_clock",
         "_forward_usage",
         "_fresh",
+        "_now",
         "_reader",
         "_silent",
         "_sse",
@@ -101,6 +104,7 @@ class UpstreamStream:
         *,
         wire: Wire,
         forward_usage: bool,
+        clock: Clock,
         translator: StreamTranslator | None = None,
         idle_timeout: float | None = None,
     ) -> None:
@@ -126,9 +130,12 @@ class UpstreamStream:
         self.plain_commit = False
         #: After the commit point, the longest silence tolerated between reads.
         self.idle_timeout = idle_timeout
-        #: Loop time a read after the commit point started waiting (None: not waiting).
+        #: The watchdog's time and timer (the generation's clock).
+        self._clock = clock
+        self._now = clock.now
+        #: When a read after the commit point started waiting (None: not waiting).
         self._waiting_since: float | None = None
-        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog: Timer | None = None
         self._silent = False
         #: The buffer holds bytes no batch has looked at yet.
         self._fresh = True
@@ -215,10 +222,9 @@ class UpstreamStream:
         if task is None:
             task = self._reader = asyncio.current_task()  # the relay reads from one task
             assert task is not None
-        loop = task.get_loop()
-        self._waiting_since = loop.time()
+        self._waiting_since = since = self._now()
         if self._watchdog is None:
-            self._watchdog = loop.call_at(self._waiting_since + idle, self._watch, task, idle)
+            self._watchdog = self._clock.call_at(since + idle, self._watch, task, idle)
         try:
             await self._read()
         except asyncio.CancelledError:
@@ -235,15 +241,14 @@ class UpstreamStream:
         self._watchdog = None
         if self.done or self._broken is not None or task.done():
             return
-        loop = task.get_loop()
-        now = loop.time()
+        now = self._now()
         since = self._waiting_since
         if since is not None and now - since >= idle:
             self._silent = True
             task.cancel()
             return
         due = (now if since is None else since) + idle
-        self._watchdog = loop.call_at(due, self._watch, task, idle)
+        self._watchdog = self._clock.call_at(due, self._watch, task, idle)
 
     def close(self) -> None:
         """Drop the upstream at once (a broken stream, a caller gone)."""

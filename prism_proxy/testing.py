@@ -10,6 +10,11 @@ provider plugin is tested exactly the way the core's are:
 - ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
   starts the real app on a loopback port and returns a :class:`GatewayUnderTest`;
   ``load_plugins=[...]`` loads only the installed plugins named;
+- ``prism_clock``: a :class:`~prism_proxy.clock.ManualClock` for
+  ``prism_gateway(..., clock=prism_clock)`` (and ``prism_fake.clock``):
+  deadlines, retry pauses, the stream watchdog and the fake's stalls then
+  happen when the test advances it, taking no real time; :func:`eventually`
+  waits (bounded) for what must have happened before it does;
 - :func:`free_port` and :func:`serve_process`: ``prism serve`` as a real
   process, for what only a process shows (signals, a crash, a restart).
 """
@@ -43,6 +48,7 @@ import pytest
 from aiohttp import web
 
 from .app import create_app
+from .clock import Clock, ManualClock
 from .config import config_from_mapping
 from .gateway import GATEWAY, Gateway
 from .server import Listening, listen, listen_options
@@ -57,6 +63,7 @@ __all__ = [
     "PluginRegistry",
     "RedisUnderTest",
     "StartGateway",
+    "eventually",
     "free_port",
     "installed_plugins",
     "out_of_file_handles",
@@ -118,12 +125,27 @@ class StartGateway(Protocol):
         config: Mapping[str, Any] | None = None,
         sections: Mapping[str, Mapping[str, Any]] | None = None,
         plugins: Iterable[tuple[object, str]] = (),
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock | Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
         random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
         load_plugins: Iterable[str] | None = None,
     ) -> Awaitable[GatewayUnderTest]: ...
+
+
+async def eventually(
+    check: Callable[[], bool], *, timeout_s: float = 5.0, what: str | None = None
+) -> None:
+    """Return once ``check()`` is true; fail the test after ``timeout_s`` of real time.
+
+    For what a test must see happen (a request reaching the fake, an event
+    reaching the client) before it advances a manual clock.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what or check}")
+        await asyncio.sleep(0.002)
 
 
 def _lowest_free_fd() -> int:
@@ -301,6 +323,12 @@ def prism_plugin() -> PluginRegistry:
 
 
 @pytest.fixture
+def prism_clock() -> ManualClock:
+    """A manual clock at 1000.0 s; pass it as ``clock=`` and set ``prism_fake.clock`` to it."""
+    return ManualClock()
+
+
+@pytest.fixture
 async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGateway]:
     started: list[GatewayUnderTest] = []
 
@@ -310,8 +338,8 @@ async def prism_gateway(prism_plugin: PluginRegistry) -> AsyncIterator[StartGate
         config: Mapping[str, Any] | None = None,
         sections: Mapping[str, Mapping[str, Any]] | None = None,
         plugins: Iterable[tuple[object, str]] = (),
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock | Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
         random: Callable[[], float] = random_module.random,
         base_dir: Path | None = None,
         load_plugins: Iterable[str] | None = None,

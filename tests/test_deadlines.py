@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from prism_proxy.clock import ManualClock
 from prism_proxy.deadlines import RESOLUTION_S, Deadlines
 
 
@@ -23,21 +24,31 @@ async def test_a_block_past_its_deadline_ends_with_timeout_error_never_early():
 
 
 async def test_blocks_due_in_one_slice_all_expire_and_blocks_that_ended_are_left_alone():
-    deadlines = Deadlines()
+    clock = ManualClock()
+    deadlines = Deadlines(clock)
+    later = asyncio.Event()
 
-    async def block(seconds: float) -> str:
+    async def block(blocked: bool) -> str:
         try:
             with deadlines.within(0.05):
-                await asyncio.sleep(seconds)
+                if blocked:
+                    await asyncio.Event().wait()
         except TimeoutError:
             return "timed out"
         # Past the deadline, outside the block: nothing may cancel the task now.
-        await asyncio.sleep(0.05 + 2 * RESOLUTION_S)
+        await later.wait()
         return "done"
 
-    results = await asyncio.gather(*(block(10) for _ in range(50)), block(0))
-    assert results == ["timed out"] * 50 + ["done"]
+    blocks = [asyncio.create_task(block(blocked)) for blocked in [True] * 50 + [False]]
+    await asyncio.sleep(0)  # every block entered; the last one left at once
+    assert deadlines.pending == 50
+    assert clock.pending == [pytest.approx(clock.now() + RESOLUTION_S)]  # one timer for all
+    clock.advance(0.05)
+    assert deadlines.pending == 50  # due, but kept up to the end of its slice: never early
+    clock.advance(RESOLUTION_S)
     assert deadlines.pending == 0
+    later.set()
+    assert await asyncio.gather(*blocks) == ["timed out"] * 50 + ["done"]
 
 
 async def test_another_cancellation_goes_through_unchanged():

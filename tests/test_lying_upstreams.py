@@ -70,11 +70,13 @@ def ledger(tmp_path: Path) -> Ledger:
 
 
 @pytest.fixture
-def billed(prism_gateway, ledger):
-    """Start a gateway with billing on, its ledger in the test's tmp dir."""
+def billed(prism_gateway, ledger, prism_clock):
+    """Start a gateway with billing on, its ledger in the test's tmp dir (retries pause no time)."""
 
     async def start(catalog: dict) -> Any:
-        return await prism_gateway(catalog, sections={"billing": {"ledger_path": str(ledger.path)}})
+        return await prism_gateway(
+            catalog, sections={"billing": {"ledger_path": str(ledger.path)}}, clock=prism_clock
+        )
 
     return start
 

@@ -16,8 +16,10 @@ from prism_proxy import hookimpl
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
-async def test_chat_served_with_prism_headers(prism_fake, prism_gateway, catalog, recorder):
-    gw = await prism_gateway(catalog)
+async def test_chat_served_with_prism_headers(
+    prism_fake, prism_gateway, catalog, recorder, prism_clock
+):
+    gw = await prism_gateway(catalog, clock=prism_clock)  # the retries' pauses take no time
     raw = await gw.openai().chat.completions.with_raw_response.create(
         model="chat-a", messages=MESSAGES
     )
@@ -91,8 +93,10 @@ async def test_streaming_chat_relays_chunks_and_hides_usage_unless_asked(
     assert chunks[-1].usage.completion_tokens == len(content)
 
 
-async def test_stream_headers_name_the_serving_binding(prism_fake, prism_gateway, catalog):
-    gw = await prism_gateway(catalog)
+async def test_stream_headers_name_the_serving_binding(
+    prism_fake, prism_gateway, catalog, prism_clock
+):
+    gw = await prism_gateway(catalog, clock=prism_clock)
     async with aiohttp.ClientSession() as session:
         async with session.post(
             gw.base_url + "/chat/completions",
@@ -277,8 +281,10 @@ async def test_client_disconnect_during_a_stalled_upstream_cancels_it(
     assert [a.outcome for a in call.attempts] == ["cancelled"]
 
 
-async def test_settle_runs_exactly_once_per_call(prism_fake, prism_gateway, catalog, recorder):
-    gw = await prism_gateway(catalog)
+async def test_settle_runs_exactly_once_per_call(
+    prism_fake, prism_gateway, catalog, recorder, prism_clock
+):
+    gw = await prism_gateway(catalog, clock=prism_clock)
     client = gw.openai()
     await client.chat.completions.create(model="chat-a", messages=MESSAGES)
     stream = await client.chat.completions.create(model="chat-a", messages=MESSAGES, stream=True)

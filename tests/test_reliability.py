@@ -5,6 +5,7 @@ Each test counts the fake upstream's hits, which is what a provider would bill.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import aiohttp
@@ -13,6 +14,7 @@ import pytest
 from prism_fake_upstream import Fault
 
 from prism_proxy.backoff import Backoff
+from prism_proxy.testing import eventually
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -55,13 +57,15 @@ async def test_billing_exhausted_429_fails_over_after_one_hit(prism_fake, prism_
 
 
 async def test_plain_429_waits_for_retry_after_then_retries_the_same_binding(
-    prism_fake, prism_gateway
+    prism_fake, prism_gateway, prism_clock
 ):
+    prism_fake.clock = prism_clock
     prism_fake.script("first", [Fault(status=429, headers={"Retry-After": "1"})])
-    gw = await prism_gateway(chain(prism_fake, "first", "second"))
-    started = time.monotonic()
+    gw = await prism_gateway(chain(prism_fake, "first", "second"), clock=prism_clock)
+    began = prism_clock.now()
     raw = await chat(gw)
-    assert time.monotonic() - started >= 1.0
+    assert prism_clock.slept == [1.0]
+    assert prism_clock.now() - began >= 1.0
     assert [r.received_at for r in prism_fake.requests("first")][1] - prism_fake.requests("first")[
         0
     ].received_at >= 1.0
@@ -83,9 +87,11 @@ async def test_retry_after_longer_than_the_budget_moves_on_at_once(prism_fake, p
     assert raw.headers["x-prism-provider"] == "second"
 
 
-async def test_503_503_then_ok_is_served_by_the_same_binding(prism_fake, prism_gateway):
+async def test_503_503_then_ok_is_served_by_the_same_binding(
+    prism_fake, prism_gateway, prism_clock
+):
     prism_fake.script("first", [Fault(status=503), Fault(status=503)])
-    gw = await prism_gateway(chain(prism_fake, "first", "second"))
+    gw = await prism_gateway(chain(prism_fake, "first", "second"), clock=prism_clock)
     raw = await chat(gw)
     assert log_of(raw.headers) == [
         ["first/up-first", "transient", "503"],
@@ -227,37 +233,56 @@ async def test_model_can_refuse_cross_tier_even_when_on_globally(prism_fake, pri
     assert prism_fake.hits("cheap") == 0
 
 
-async def test_call_budget_gives_504_in_time_and_ticks_the_counter(prism_fake, prism_gateway):
+async def past_the_budget(gw, clock, fake, budget_s: float, **kwargs):
+    """The call, once the clock passed ``budget_s`` while ``first`` stalled (not before)."""
+    async with asyncio.timeout(10):
+        answer = asyncio.ensure_future(chat(gw, **kwargs))
+        await eventually(lambda: fake.hits("first") == 1)
+        clock.advance(budget_s - 0.05)
+        assert gw.gateway.current.deadlines.pending == 1  # the budget is not spent yet
+        clock.advance(0.15)  # a deadline is kept up to a tenth of a second late
+        return await answer
+
+
+async def test_call_budget_gives_504_in_time_and_ticks_the_counter(
+    prism_fake, prism_gateway, prism_clock
+):
+    prism_fake.clock = prism_clock
     prism_fake.script("first", [Fault(stall_s=30)] * 3)
     prism_fake.script("second", [Fault(stall_s=30)] * 3)
-    gw = await prism_gateway(chain(prism_fake, "first", "second", call_budget_ms=2500))
-    started = time.monotonic()
+    gw = await prism_gateway(
+        chain(prism_fake, "first", "second", call_budget_ms=2500), clock=prism_clock
+    )
     with pytest.raises(openai.APIStatusError) as info:
-        await chat(gw)
-    elapsed = time.monotonic() - started
+        await past_the_budget(gw, prism_clock, prism_fake, 2.5)
     assert info.value.status_code == 504
     assert info.value.code == "chain_deadline_exceeded"
-    assert 2.0 <= elapsed < 3.5
     assert info.value.body["attempts"][0]["outcome"] == "timeout"
+    assert 2500 <= info.value.body["attempts"][0]["ms"] <= 2600
     async with aiohttp.ClientSession() as session:
         async with session.get(gw.url + "/prism/stats") as response:
             assert (await response.json())["counters"]["chain_exceeded_max_time"] == 1
 
 
-async def test_budget_bounds_the_attempt_timeout_header_too(prism_fake, prism_gateway):
+async def test_budget_bounds_the_attempt_timeout_header_too(
+    prism_fake, prism_gateway, prism_clock
+):
+    prism_fake.clock = prism_clock
     prism_fake.script("first", [Fault(stall_s=30)])
-    gw = await prism_gateway(chain(prism_fake, "first", call_budget_ms=1500))
-    started = time.monotonic()
+    gw = await prism_gateway(chain(prism_fake, "first", call_budget_ms=1500), clock=prism_clock)
     with pytest.raises(openai.APIStatusError) as info:
-        await chat(gw, extra_headers={"x-prism-timeout-ms": "100000"})
+        await past_the_budget(
+            gw, prism_clock, prism_fake, 1.5, extra_headers={"x-prism-timeout-ms": "100000"}
+        )
     assert info.value.status_code == 504
-    assert time.monotonic() - started < 2.5
+    assert 1500 <= info.value.body["attempts"][0]["ms"] <= 1600
 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_degraded_answer_instead_of_504_when_configured(
-    prism_fake, prism_gateway, recorder, stream
+    prism_fake, prism_gateway, recorder, stream, prism_clock
 ):
+    prism_fake.clock = prism_clock
     prism_fake.script("first", [Fault(stall_s=30)] * 3)
     gw = await prism_gateway(
         chain(
@@ -265,9 +290,10 @@ async def test_degraded_answer_instead_of_504_when_configured(
             "first",
             call_budget_ms=1200,
             degraded="{model} is overloaded right now, please retry ({request_id}).",
-        )
+        ),
+        clock=prism_clock,
     )
-    raw = await chat(gw, stream=stream)
+    raw = await past_the_budget(gw, prism_clock, prism_fake, 1.2, stream=stream)
     if stream:
         text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
     else:
@@ -321,9 +347,9 @@ async def test_quota_code_when_last_and_embeddings_prefix(prism_fake, prism_gate
     assert info.value.code == "runtime_embeddings_failed:upstream_quota_exhausted"
 
 
-async def test_streaming_retries_before_the_commit_point(prism_fake, prism_gateway):
+async def test_streaming_retries_before_the_commit_point(prism_fake, prism_gateway, prism_clock):
     prism_fake.script("first", [Fault(status=503), Fault(die_after_chunks=0)])
-    gw = await prism_gateway(chain(prism_fake, "first", "second"))
+    gw = await prism_gateway(chain(prism_fake, "first", "second"), clock=prism_clock)
     raw = await chat(gw, stream=True)
     text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
     assert text == "Hello from up-first. This is the fake upstream answering."

@@ -16,6 +16,7 @@ import attrs
 import orjson
 from aiohttp import web
 
+from .clock import FakeClock, Timer
 from .faults import Fault
 
 __all__ = [
@@ -56,6 +57,8 @@ class Exchange:
     endpoint: str
     fault: Fault
     body: Any
+    #: What pauses wait for (None: real time).
+    clock: FakeClock | None = None
 
     def client_gone(self) -> bool:
         transport = self.request.transport
@@ -75,7 +78,11 @@ class Exchange:
             raise ClientGone
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_later(seconds, _wake, waiter)
+        clock = self.clock
+        if clock is None:
+            timer: Timer = loop.call_later(seconds, _wake, waiter)
+        else:
+            timer = clock.call_at(clock.now() + seconds, _wake, waiter)
         watch = _PAUSES.get(loop)
         if watch is None:
             watch = _PAUSES[loop] = _Pauses(loop)

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
+from .clock import FakeClock
 from .faults import Fault, fault_for_scenario_name
 
 __all__ = ["MAX_RECORDED", "REGISTRY_KEY", "Recorded", "Registry", "ScenarioLog"]
@@ -62,6 +63,8 @@ class Registry:
     #: kept request is objects the collector walks, and a fake pausing for its
     #: collector stalls every call in flight through the proxy under test.
     max_recorded: int = MAX_RECORDED
+    #: The time pauses wait for and requests are stamped with (None: real time).
+    clock: FakeClock | None = None
     # Scenario names are parsed once; they never change meaning.
     _name_faults: dict[str, Fault] = attrs.field(factory=dict, alias="_name_faults")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
@@ -13,6 +14,7 @@ import orjson
 from aiohttp import web
 
 from .anthropic_wire import anthropic_wire
+from .clock import FakeClock
 from .control import add_control_routes
 from .exchange import ClientGone, Exchange, Route, WireFormat
 from .faults import Fault
@@ -58,7 +60,7 @@ async def _admit(
             path=endpoint,
             headers=request.headers,
             body=body,
-            received_at=time.monotonic(),
+            received_at=time.monotonic() if registry.clock is None else registry.clock.now(),
             peer=_peer(request),
         )
     )
@@ -85,7 +87,7 @@ def _endpoint_handler(wire: WireFormat, route: Route) -> Handler:
         scenario = request.match_info["scenario"]
         registry, log, body = await _admit(request, scenario, endpoint)
         fault = registry.next_fault(scenario, log)
-        ex = Exchange(request, scenario, endpoint, fault, body)
+        ex = Exchange(request, scenario, endpoint, fault, body, registry.clock)
         try:
             if fault.stall_s:
                 await ex.pause(fault.stall_s)
@@ -161,8 +163,14 @@ class FakeUpstream:
     """A fake model provider; one instance serves any number of scenarios."""
 
     def __init__(
-        self, *, models: Sequence[str] = DEFAULT_MODELS, max_recorded: int = MAX_RECORDED
+        self,
+        *,
+        models: Sequence[str] = DEFAULT_MODELS,
+        max_recorded: int = MAX_RECORDED,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        #: Serves https with this server context when given (``url`` says https).
+        self.ssl_context = ssl_context
         self._registry = Registry(max_recorded=max_recorded)
         self._app = build_app(self._registry, [openai_wire(models), anthropic_wire()])
         self._runner: web.AppRunner | None = None
@@ -171,6 +179,19 @@ class FakeUpstream:
     @property
     def app(self) -> web.Application:
         return self._app
+
+    @property
+    def clock(self) -> FakeClock | None:
+        """What pauses (stalls, token delays, a late end) wait for; None: real time.
+
+        A test gives the gateway's manual clock here too, so that a 30 s
+        stall is over when the test advances the clock 30 s, and not before.
+        """
+        return self._registry.clock
+
+    @clock.setter
+    def clock(self, clock: FakeClock | None) -> None:
+        self._registry.clock = clock
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         if self._runner is not None:
@@ -183,14 +204,15 @@ class FakeUpstream:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context)
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
         bound_port = runner.addresses[0][1]
         self._runner = runner
-        self._url = f"http://{_url_host(host)}:{bound_port}"
+        scheme = "http" if self.ssl_context is None else "https"
+        self._url = f"{scheme}://{_url_host(host)}:{bound_port}"
 
     async def stop(self) -> None:
         runner, self._runner, self._url = self._runner, None, None

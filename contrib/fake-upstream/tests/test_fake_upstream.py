@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import anthropic
+import attrs
 import openai
 import orjson
 import pytest
@@ -327,6 +328,66 @@ async def test_first_token_delay_sends_headers_first(
         await resp.read()
     assert first.startswith(b"data: ")
     assert headers_at < 0.2 <= first_at
+
+
+@attrs.define
+class StepTimer:
+    when: float
+    callback: Callable[..., object]
+    args: tuple[Any, ...]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class StepClock:
+    """A clock the test moves by hand: what ``fake.clock`` takes."""
+
+    def __init__(self) -> None:
+        self.time = 50.0
+        self.timers: list[StepTimer] = []
+
+    def now(self) -> float:
+        return self.time
+
+    def call_at(self, when: float, callback: Callable[..., object], *args: Any) -> StepTimer:
+        self.timers.append(StepTimer(when, callback, args))
+        return self.timers[-1]
+
+    @property
+    def due(self) -> list[float]:
+        return [t.when for t in self.timers if not t.cancelled]
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+        for timer in [t for t in self.timers if t.when <= self.time]:
+            self.timers.remove(timer)
+            if not timer.cancelled:
+                timer.callback(*timer.args)
+
+
+async def test_a_clock_given_to_the_fake_times_its_pauses(
+    fake: FakeUpstream, http: aiohttp.ClientSession
+) -> None:
+    clock = StepClock()
+    fake.clock = clock
+    fake.script("slow", [Fault(stall_s=30, first_token_delay_s=30)])
+    async with asyncio.timeout(5):  # thirty-second pauses, in no real time
+        answer = asyncio.ensure_future(
+            http.post(fake.base_url("slow") + "/chat/completions", json={**CHAT, "stream": True})
+        )
+        await wait_for(lambda: clock.due == [80.0], timeout=1.0)
+        clock.advance(29)
+        assert not answer.done() and clock.due == [80.0]
+        clock.advance(1)  # the stall is over: headers, then the first token's pause
+        async with await answer as resp:
+            await wait_for(lambda: clock.due == [110.0], timeout=1.0)
+            clock.advance(30)
+            body = await resp.read()
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert fake.requests("slow")[0].received_at == 50.0
+    fake.clock = None
 
 
 def test_scenario_names() -> None:
