@@ -18,10 +18,12 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Protocol
 
 import attrs
+import cachetools
 
 from .call import Call, Endpoint
 from .catalog import Binding, Catalog, ProviderSpec
 from .distribution import DISTRIBUTION
+from .egress import DIRECT, Egress, parse_proxy
 from .errors import ConfigError
 from .upstream_http import UpstreamClient
 
@@ -45,7 +47,7 @@ PARAM_RULE_KEYS = frozenset({"family", "drop_params", "rename_params"})
 #: A line's effective parameter rules: the names to drop, and ``old -> new`` renames.
 LineParams = tuple[tuple[str, ...], Mapping[str, str]]
 
-#: A provider caches this many lines' resolved parameters before starting over (a
+#: The most lines' resolved parameters a provider keeps, the oldest going first (a
 #: plugin that builds a new ``Binding`` per call must not grow the cache forever).
 _LINE_PARAMS_CACHE = 4096
 
@@ -130,7 +132,11 @@ class Provider(abc.ABC):
     def __init__(self, spec: ProviderSpec) -> None:
         self.spec = spec
         self.name = spec.name
-        self._line_params: dict[int, tuple[Binding, LineParams]] = {}
+        # Keyed by the binding itself (hashed by identity), so that a key cannot be
+        # the id of a binding gone and reused.
+        self._line_params: cachetools.FIFOCache[Binding, LineParams] = cachetools.FIFOCache(
+            _LINE_PARAMS_CACHE
+        )
 
     async def start(self) -> None:
         """Open pooled resources; called once, inside the running event loop."""
@@ -153,13 +159,12 @@ class Provider(abc.ABC):
 
     def line_params(self, binding: Binding) -> LineParams:
         """``binding``'s effective drops and renames: merged on its first call, then reused."""
-        cached = self._line_params.get(id(binding))
-        if cached is None or cached[0] is not binding:
-            if len(self._line_params) >= _LINE_PARAMS_CACHE:
-                self._line_params.clear()
+        try:
+            return self._line_params[binding]
+        except KeyError:
             drop, rename = line_params(binding, self.param_profiles)
-            cached = self._line_params[id(binding)] = (binding, (drop, MappingProxyType(rename)))
-        return cached[1]
+            params = self._line_params[binding] = (drop, MappingProxyType(rename))
+            return params
 
     @abc.abstractmethod
     async def send(
@@ -182,19 +187,25 @@ class HttpProvider(Provider):
 
     The pool is Prism's own lean HTTP/1.1 client (``upstream_http``): it
     raises aiohttp's exceptions, as ``Provider.send`` says.  Options every
-    HTTP provider understands: ``max_connections`` (default 256) and
-    ``connect_timeout_ms`` (default 10000).  ``base_headers`` holds what
+    HTTP provider understands: ``max_connections`` (default 256),
+    ``connect_timeout_ms`` (default 10000) and ``proxy`` (the egress proxy's
+    URL, or ``"none"``: see :mod:`.egress`; without it, the environment's
+    ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY``, read here, once per
+    generation, into :attr:`egress`).  ``base_headers`` holds what
     every request should carry (``User-Agent: prism-llm-gateway/<version>`` and a
     JSON ``Content-Type``); a subclass builds its own headers on top of it,
     once, at start-up.
     """
 
-    COMMON_OPTIONS: ClassVar[frozenset[str]] = frozenset({"max_connections", "connect_timeout_ms"})
+    COMMON_OPTIONS: ClassVar[frozenset[str]] = frozenset(
+        {"max_connections", "connect_timeout_ms", "proxy"}
+    )
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
         self.max_connections = _positive_int(spec, "max_connections", 256)
         self.connect_timeout_s = _positive_int(spec, "connect_timeout_ms", 10_000) / 1000
+        self.egress = _egress(spec)
         self.base_headers: dict[str, str] = {
             "User-Agent": f"{DISTRIBUTION}/{_distribution_version()}",
             "Content-Type": "application/json",
@@ -203,7 +214,7 @@ class HttpProvider(Provider):
 
     async def start(self) -> None:
         self._client = UpstreamClient(
-            limit=self.max_connections, connect_timeout_s=self.connect_timeout_s
+            limit=self.max_connections, connect_timeout_s=self.connect_timeout_s, egress=self.egress
         )
 
     async def close(self) -> None:
@@ -253,6 +264,21 @@ def _distribution_version() -> str:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _egress(spec: ProviderSpec) -> Egress:
+    """The provider's ``proxy`` option, else the environment's proxies."""
+    value = spec.options.get("proxy")
+    if value is None:
+        return Egress.from_environment(os.environ)
+    if not isinstance(value, str):
+        raise spec.error("proxy", 'expected a proxy URL such as "http://proxy:3128", or "none"')
+    if value.strip().lower() in ("", "none"):
+        return DIRECT
+    try:
+        return Egress.through(parse_proxy(value))
+    except ValueError as exc:  # its message never repeats the URL's credentials
+        raise spec.error("proxy", str(exc)) from None
 
 
 def _positive_int(spec: ProviderSpec, key: str, default: int) -> int:

@@ -10,7 +10,8 @@ lets httptools (llhttp, the parser Node.js uses) parse the answer.
 What it keeps of aiohttp's client: a pool of keep-alive connections per
 provider (at most ``limit`` open, callers beyond it wait for one), a connect
 timeout, idle connections closed after ``idle_s``, TLS with the system's
-trust store, ``gzip``/``deflate`` answers decoded, and aiohttp's exceptions
+trust store, ``gzip``/``deflate`` answers decoded, the egress proxy of the
+environment or the provider's ``proxy`` option (:mod:`.egress`), and aiohttp's exceptions
 (``ServerDisconnectedError``, ``ClientPayloadError``,
 ``ConnectionTimeoutError``, or the ``OSError`` of a failed connect), so a
 failed attempt is classified as before.  Against a hostile upstream: the
@@ -31,8 +32,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import attrs
+import cachetools
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from .egress import DIRECT, Egress, Proxy, ProxyError, connect_proxy, open_tunnel
 
 __all__ = ["HIGH_WATER", "MAX_HEADER_BYTES", "UpstreamClient", "WireResponse"]
 
@@ -40,9 +44,21 @@ __all__ = ["HIGH_WATER", "MAX_HEADER_BYTES", "UpstreamClient", "WireResponse"]
 MAX_HEADER_BYTES = 64 * 1024
 #: Unread answer bytes at which reading pauses until the consumer catches up.
 HIGH_WATER = 256 * 1024
-#: A pool forgets this many URLs' parsed form before starting over.
-_TARGETS_CACHE = 1024
+#: The most (URL, header set) pairs a pool keeps prepared, the oldest going first.
+#: First in, first out rather than least used: an LRU hit hashes its key again to
+#: reorder, a tuple of headers on every call, and these keys are few and fixed.
+_PREPARED_CACHE = 1024
 _ACCEPT_ENCODING = "gzip, deflate"
+
+
+#: A pool's connections are told apart by the upstream they reach.
+_Key = tuple[str, int, bool]
+#: A request as a provider makes it: its URL and its headers.
+_Request = tuple[str, tuple[tuple[str, str], ...]]
+#: Headers the client writes itself, refused in a provider's.
+_OWN_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "proxy-authorization"}
+)
 
 
 @attrs.frozen
@@ -52,8 +68,12 @@ class _Target:
     host: str
     port: int
     tls: bool
-    #: The request line and Host header, encoded.
-    head: bytes
+    #: The egress proxy the requests go through, or None for direct.
+    proxy: Proxy | None
+
+    @property
+    def key(self) -> _Key:
+        return (self.host, self.port, self.tls)
 
 
 class WireResponse:
@@ -201,9 +221,11 @@ class WireResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: at most one request on it at a time."""
 
-    def __init__(self, pool: UpstreamClient, key: tuple[str, int, bool]) -> None:
+    def __init__(self, pool: UpstreamClient, key: _Key, via: Proxy | None = None) -> None:
         self.pool = pool
         self.key = key
+        #: The proxy that forwards this connection's requests (an http upstream's).
+        self.via = via
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -261,6 +283,10 @@ class _Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         if status < 200:
             return  # an interim answer (100, 103): the real one follows
+        if status == 407 and self.via is not None:
+            # Only a proxy asks for proxy credentials: the request never left it.
+            self.close(ProxyError.refused(self.via, "the request", status))
+            return
         headers = self._headers
         self._keep_alive = self.parser.should_keep_alive()
         self._until_close = (
@@ -345,17 +371,20 @@ class UpstreamClient:
         connect_timeout_s: float,
         idle_s: float = 15.0,
         ssl_context: ssl.SSLContext | None = None,
+        egress: Egress = DIRECT,
     ) -> None:
         self.limit = limit
         self.connect_timeout_s = connect_timeout_s
         self.idle_s = idle_s
+        self.egress = egress
         self._ssl = ssl_context
-        self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
         #: Open connections, and a placeholder for each connect under way.
         self._open: set[object] = set()
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._targets: dict[str, _Target] = {}
-        self._blocks: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
+        #: Each (URL, headers) pair's target and request head up to the body's length.
+        self._prepared: cachetools.FIFOCache[_Request, tuple[_Target, bytes]]
+        self._prepared = cachetools.FIFOCache(_PREPARED_CACHE)
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -365,15 +394,12 @@ class UpstreamClient:
 
     async def post(self, url: str, headers: Mapping[str, str], payload: bytes) -> WireResponse:
         """POST ``payload``; return once the answer's headers have arrived."""
-        target = self._targets.get(url)
-        if target is None:
-            target = self._target(url)
-        key = (target.host, target.port, target.tls)
-        items = tuple(headers.items())
-        block = self._blocks.get((url, items))
-        if block is None:
-            block = self._block(url, target, items)
-        connection = await self._acquire(key, target)
+        request = (url, tuple(headers.items()))
+        try:
+            target, block = self._prepared[request]
+        except KeyError:
+            target, block = self._prepare(request)
+        connection = await self._acquire(target)
         try:
             response = await connection.send(b"%s%d\r\n\r\n%s" % (block, len(payload), payload))
         except BaseException:
@@ -395,7 +421,9 @@ class UpstreamClient:
 
     # -- requests --------------------------------------------------------------
 
-    def _target(self, url: str) -> _Target:
+    def _prepare(self, request: _Request) -> tuple[_Target, bytes]:
+        """Where ``request``'s URL goes, and its head up to the body's length (made once)."""
+        url, items = request
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise aiohttp.InvalidURL(url)
@@ -406,37 +434,33 @@ class UpstreamClient:
         host_header = (f"[{host}]" if ":" in host else host) + ("" if default_port else f":{port}")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         _check_header_text(path, "the URL")
-        head = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
-        target = _Target(host, port, tls, head)
-        if len(self._targets) >= _TARGETS_CACHE:
-            self._targets.clear()
-        self._targets[url] = target
-        return target
-
-    def _block(self, url: str, target: _Target, items: tuple[tuple[str, str], ...]) -> bytes:
-        """The request's head up to the body's length, for these headers (made once)."""
-        lines = [target.head.decode("latin-1")]
+        proxy = self.egress.proxy_for(host, port, tls)
+        lines = [f"POST {path} HTTP/1.1\r\n", f"Host: {host_header}\r\n"]
+        if proxy is not None and not tls:
+            # Forwarded by the proxy: the absolute form says where to (RFC 9112 §3.2.2).
+            lines[0] = f"POST http://{host_header}{path} HTTP/1.1\r\n"
+            if proxy.authorization is not None:
+                lines.append(f"Proxy-Authorization: {proxy.authorization}\r\n")
         names = set()
         for name, value in items:
             _check_header_text(name, "a header name")
             _check_header_text(value, f"header {name}")
             lowered = name.lower()
-            if lowered in ("host", "content-length", "transfer-encoding", "connection"):
+            if lowered in _OWN_HEADERS:
                 raise ValueError(f"header {name} is the HTTP client's to set")
             names.add(lowered)
             lines.append(f"{name}: {value}\r\n")
         if "accept-encoding" not in names:
             lines.append(f"Accept-Encoding: {_ACCEPT_ENCODING}\r\n")
         lines.append("Content-Length: ")
-        block = "".join(lines).encode("latin-1")
-        if len(self._blocks) >= _TARGETS_CACHE:
-            self._blocks.clear()
-        self._blocks[(url, items)] = block
-        return block
+        prepared = (_Target(host, port, tls, proxy), "".join(lines).encode("latin-1"))
+        self._prepared[request] = prepared
+        return prepared
 
     # -- the pool --------------------------------------------------------------
 
-    async def _acquire(self, key: tuple[str, int, bool], target: _Target) -> _Connection:
+    async def _acquire(self, target: _Target) -> _Connection:
+        key = target.key
         while True:
             if self._closed:
                 raise aiohttp.ClientConnectionError("the provider is closed")
@@ -449,7 +473,7 @@ class UpstreamClient:
             if len(self._open) >= self.limit:
                 self._evict_idle()  # an idle connection to another host gives up its place
             if len(self._open) < self.limit:
-                return await self._connect(key, target)
+                return await self._connect(target)
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
@@ -462,8 +486,7 @@ class UpstreamClient:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
 
-    async def _connect(self, key: tuple[str, int, bool], target: _Target) -> _Connection:
-        loop = asyncio.get_running_loop()
+    async def _connect(self, target: _Target) -> _Connection:
         context: ssl.SSLContext | None = None
         if target.tls:
             if self._ssl is None:
@@ -474,19 +497,14 @@ class UpstreamClient:
         self._open.add(placeholder)
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self, key),
-                    target.host,
-                    target.port,
-                    ssl=context,
-                    server_hostname=target.host if context is not None else None,
-                )
+                connection = await self._open_connection(target, context)
         except BaseException as exc:
             self._open.discard(placeholder)
             self._wake_one()
             if isinstance(exc, TimeoutError):
+                via = f" through {target.proxy.shown}" if target.proxy is not None else ""
                 raise aiohttp.ConnectionTimeoutError(
-                    f"connecting to {target.host}:{target.port} took over "
+                    f"connecting to {target.host}:{target.port}{via} took over "
                     f"{self.connect_timeout_s:g} s"
                 ) from None
             raise
@@ -496,6 +514,27 @@ class UpstreamClient:
             self._wake_one()
             raise aiohttp.ServerDisconnectedError()
         self._open.add(connection)
+        return connection
+
+    async def _open_connection(
+        self, target: _Target, context: ssl.SSLContext | None
+    ) -> _Connection:
+        proxy = target.proxy
+        if proxy is None:
+            _, connection = await asyncio.get_running_loop().create_connection(
+                lambda: _Connection(self, target.key),
+                target.host,
+                target.port,
+                ssl=context,
+                server_hostname=target.host if context is not None else None,
+            )
+        elif context is None:
+            _, connection = await connect_proxy(
+                proxy, lambda: _Connection(self, target.key, via=proxy)
+            )
+        else:
+            connection = _Connection(self, target.key)
+            await open_tunnel(proxy, target.host, target.port, connection, context)
         return connection
 
     def _evict_idle(self) -> None:

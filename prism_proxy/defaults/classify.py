@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..call import Attempt, Call, Outcome, UpstreamResult, Verdict
 from ..classification import find_permanent_marker, marker_code, parse_retry_after
+from ..egress import ProxyError
 from ..hookimpl import hookimpl
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class DefaultClassify:
         if result.timed_out:
             return Verdict(Outcome.TIMEOUT, "no first byte in time")
         if result.error is not None:
+            if isinstance(result.error, ProxyError):
+                return Verdict(Outcome.TRANSIENT, result.error.reason)
             # The answer broke off (a cut body, a reset): whatever status it had.
             return Verdict(Outcome.TRANSIENT, "connection failed")
         if result.status is None:

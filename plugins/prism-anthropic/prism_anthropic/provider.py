@@ -33,7 +33,8 @@ class AnthropicProvider(HttpProvider):
     - ``headers``: a table of extra static headers;
     - ``default_max_tokens``: ``max_tokens`` for translated chat requests that set none
       (the Messages API requires it; default 4096);
-    - ``max_connections``, ``connect_timeout_ms``: the connection pool.
+    - ``max_connections``, ``connect_timeout_ms``: the connection pool;
+    - ``proxy``: the egress proxy's URL, or ``"none"`` (default: the environment's).
     """
 
     wire: ClassVar[str] = "anthropic"

@@ -11,12 +11,14 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from prism_breaker import breaker_of
+import cachetools
 
 from prism_proxy import (
+    BREAKER_ROLE,
     SERVING_OUTCOMES,
     Attempt,
     Binding,
+    BreakerView,
     Call,
     Generation,
     Outcome,
@@ -46,7 +48,8 @@ def binding_labels(binding: Binding) -> tuple[str, str, str]:
     return binding.provider, binding.model, binding.region or ""
 
 
-#: A generation forgets its lines' children past this many lines (plugins may make lines).
+#: The most lines (and label sets) a generation keeps children for, the oldest going
+#: first (plugins may make lines).
 _LINES_CACHE = 4096
 
 
@@ -128,16 +131,16 @@ class MetricsHooks:
         # Counted in plain dicts; prometheus-client gets the sums when someone looks.
         self._add = exporter.tally.add
         self._observe = exporter.tally.observe
-        self._lines: dict[str, _Line] = {}
-        self._settled: dict[tuple[Any, ...], _Settled] = {}
+        self._lines: cachetools.FIFOCache[str, _Line] = cachetools.FIFOCache(_LINES_CACHE)
+        self._settled: cachetools.FIFOCache[tuple[Any, ...], _Settled]
+        self._settled = cachetools.FIFOCache(_LINES_CACHE)
 
     def _line(self, binding: Binding) -> _Line:
-        found = self._lines.get(binding.id)
-        if found is None:
-            if len(self._lines) >= _LINES_CACHE:
-                self._lines.clear()
+        try:
+            return self._lines[binding.id]
+        except KeyError:
             found = self._lines[binding.id] = _Line(self, binding)
-        return found
+            return found
 
     # -- per call ------------------------------------------------------------------
 
@@ -184,8 +187,9 @@ class MetricsHooks:
             org,
             provider,
         )
-        settled = self._settled.get(key)
-        if settled is None:
+        try:
+            settled = self._settled[key]
+        except KeyError:
             settled = self._settled_as(key, model, route, provider)
         self._add(settled.requests)
         self._observe(settled.duration, self.clock() - call.received_at)
@@ -203,8 +207,6 @@ class MetricsHooks:
         labels = [str(endpoint), model, route, outcome, code or ""]
         if org is not None:
             labels.append(org)
-        if len(self._settled) >= _LINES_CACHE:
-            self._settled.clear()
         settled = self._settled[key] = _Settled(self, labels, model, route, provider)
         return settled
 
@@ -230,7 +232,7 @@ class MetricsHooks:
         """Set what is read, not counted: breaker states and windows, shared state, events."""
         generation = self.generation
         m = self.exporter.metrics
-        breaker = breaker_of(generation)
+        breaker: BreakerView | None = generation.plugin(BREAKER_ROLE)
         if breaker is not None:
             health = breaker.health(with_text=False)
             for entry in health["bindings"]:

@@ -30,7 +30,8 @@ class OpenAIProvider(HttpProvider):
     - ``headers``: a table of extra static headers;
     - ``query``: a table of extra query parameters (e.g. ``api-version`` for Azure);
     - ``deployments``: true for Azure-style URLs ``{base_url}/deployments/{model}/...``;
-    - ``max_connections``, ``connect_timeout_ms``: the connection pool.
+    - ``max_connections``, ``connect_timeout_ms``: the connection pool;
+    - ``proxy``: the egress proxy's URL, or ``"none"`` (default: the environment's).
     """
 
     wire = "openai"
