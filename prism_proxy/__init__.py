@@ -9,6 +9,22 @@ from .admin import ADMIN_HEADER, admin_handler, is_admin, require_admin
 from .answers import error_response
 from .app import create_app
 from .background import background
+from .breakerstate import (
+    BREAKER_ROLE,
+    STORE_ROLE,
+    AuditEntry,
+    BindingRecord,
+    BindingReport,
+    BreakerStore,
+    BreakerView,
+    Fleet,
+    FleetView,
+    Override,
+    OverrideKind,
+    OverrideScope,
+    StoredTransition,
+    StoreProvider,
+)
 from .call import (
     ANONYMOUS,
     SERVING_OUTCOMES,
@@ -32,13 +48,16 @@ from .classification import (
     marker_code,
     parse_retry_after,
 )
+from .clock import Clock, LoopClock, ManualClock, Timer
 from .commands import CheckLine, Command, Commands
 from .config import Config, Section, config_from_mapping, load_config, redact_url
+from .egress import ProxyError
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
 from .generation import Generation
 from .hookimpl import hookimpl
 from .orgs import OrgSetting
+from .percentiles import percentile
 from .plugins import authenticating_plugins, declared_org_settings
 from .providers import (
     PARAM_RULE_KEYS,
@@ -58,17 +77,25 @@ from .wire import ChunkKind, Translation, Wire, Wires
 __all__ = [
     "ADMIN_HEADER",
     "ANONYMOUS",
+    "BREAKER_ROLE",
     "GATEWAY",
     "INTERNAL_HEADER",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
     "SERVING_OUTCOMES",
+    "STORE_ROLE",
     "WORKERS_DIR_ENV",
     "Attempt",
+    "AuditEntry",
     "Binding",
+    "BindingRecord",
+    "BindingReport",
+    "BreakerStore",
+    "BreakerView",
     "Call",
     "Capacity",
     "Catalog",
+    "Clock",
     "CatalogKeys",
     "CheckLine",
     "Command",
@@ -76,25 +103,36 @@ __all__ = [
     "Config",
     "ConfigError",
     "Endpoint",
+    "Fleet",
+    "FleetView",
     "Gateway",
     "Generation",
+    "LoopClock",
     "HttpProvider",
+    "ManualClock",
     "ModelSpec",
     "OrgSetting",
     "Outcome",
+    "Override",
+    "OverrideKind",
+    "OverrideScope",
     "ParamProfile",
     "Principal",
     "PrismError",
     "Provider",
     "ProviderFactory",
     "ProviderSpec",
+    "ProxyError",
     "Route",
     "SelfLink",
     "Section",
     "Settlement",
     "Skip",
     "Slots",
+    "StoreProvider",
+    "StoredTransition",
     "Telemetry",
+    "Timer",
     "UpstreamResponse",
     "UpstreamResult",
     "Usage",
@@ -120,6 +158,7 @@ __all__ = [
     "marker_code",
     "normalise_params",
     "parse_retry_after",
+    "percentile",
     "redact_url",
     "require_admin",
 ]

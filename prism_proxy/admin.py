@@ -58,7 +58,8 @@ def is_admin(request: web.Request, *, cookie: str | None = None, header: str | N
 
 
 def admin_handler(handler: Handler) -> Handler:
-    """Wrap an aiohttp handler: admin token required; PrismError becomes a JSON error."""
+    """Wrap an aiohttp handler: admin token required; PrismError becomes a JSON error
+    in the shape the caller reads."""
 
     @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.StreamResponse:
@@ -66,6 +67,6 @@ def admin_handler(handler: Handler) -> Handler:
             require_admin(request)
             return await handler(request)
         except PrismError as err:
-            return error_response(err)
+            return error_response(err, request=request)
 
     return wrapped

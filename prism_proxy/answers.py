@@ -1,11 +1,12 @@
 """What a call answers, and the one place it is settled.
 
 Every path of a call (served, passed through, refused, degraded, aborted)
-ends by setting ``call.settlement`` and handing back an :class:`Answer` that
-is not yet finished.  :func:`settle` then runs ``prism_settle`` once, and
-only after that does the answer finish: a body leaves, a stream gets its
-final event.  So the ledger row exists before the caller has the whole
-answer, and an answer that could not be recorded is withheld.
+ends by handing back an :class:`Answer` that is not yet finished and carries
+its :class:`~prism_proxy.call.Settlement` (built by
+:mod:`prism_proxy.settlements`).  :func:`settle` then runs ``prism_settle``
+once, and only after that does the answer finish: a body leaves, a stream
+gets its final event.  So the ledger row exists before the caller has the
+whole answer, and an answer that could not be recorded is withheld.
 """
 
 from __future__ import annotations
@@ -19,19 +20,24 @@ import attrs
 import orjson
 from aiohttp import web
 
-from .call import Call, Settlement
+from .aiohttp_internals import DeferredHeadersResponse
+from .call import Call, Endpoint, Settlement
 from .errors import PrismError
 from .generation import Generation
 from .record import prism_headers
+from .settlements import CLIENT_CLOSED, refused
 from .stream import UpstreamStream
-from .wire import OPENAI, Wire, wire_for
+from .wire import ANTHROPIC, OPENAI, Wire, wire_for
 
 __all__ = [
     "Answer",
     "BodyAnswer",
     "ErrorAnswer",
     "StreamAnswer",
+    "client_wire",
     "error_response",
+    "gone",
+    "refusal",
     "settle",
     "unrecorded",
 ]
@@ -46,13 +52,42 @@ STREAM_HEADERS = {
 }
 
 
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
+_MODELS = Endpoint.MODELS
+
+
+def client_wire(request: web.BaseRequest | None, endpoint: Endpoint | None = None) -> Wire:
+    """The wire format the caller reads: the one place the shape of an error is chosen.
+
+    A call's endpoint decides (its answers come in that format).  Elsewhere
+    (the model list, an unknown path, admin routes, the server's own errors)
+    the Anthropic SDK is known by the ``anthropic-version`` header it always
+    sends, or a ``/v1/messages`` path; anyone else, and a connection refused
+    before a request was read, gets OpenAI's shape.
+    """
+    if endpoint is not None and endpoint is not _MODELS:
+        return wire_for(endpoint)
+    if request is not None and (
+        "anthropic-version" in request.headers or request.path.startswith("/v1/messages")
+    ):
+        return ANTHROPIC
+    return OPENAI
+
+
 def error_response(
-    err: PrismError, *, wire: Wire = OPENAI, headers: dict[str, str] | None = None
+    err: PrismError,
+    *,
+    wire: Wire | None = None,
+    request: web.BaseRequest | None = None,
+    headers: dict[str, str] | None = None,
 ) -> web.Response:
-    """An error as JSON in ``wire``'s shape.
+    """An error as JSON in ``wire``'s shape, else in the shape the caller of
+    ``request`` reads (:func:`client_wire`).
 
     The one way Prism, its admin routes and plugins answer an error.
     """
+    if wire is None:
+        wire = client_wire(request)
     response = web.Response(
         status=err.status,
         body=wire.error_body(err),
@@ -76,8 +111,15 @@ def unrecorded(call: Call) -> PrismError:
     )
 
 
+@attrs.define(eq=False)
 class Answer(abc.ABC):
-    """An answer decided but not finished: it leaves once the call is settled."""
+    """An answer decided but not finished: it leaves once the call is settled.
+
+    It cannot be made without its settlement: a path that answers has said how the call ended.
+    """
+
+    #: How the call ended, handed to ``prism_settle`` before the answer finishes.
+    settlement: Settlement = attrs.field(kw_only=True)
 
     @abc.abstractmethod
     async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
@@ -89,8 +131,23 @@ class ErrorAnswer(Answer):
     error: PrismError
 
     async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
-        wire = wire_for(call.endpoint)
+        wire = client_wire(call.request, call.endpoint)
         return error_response(self.error, wire=wire, headers=prism_headers(call))
+
+
+def refusal(err: PrismError) -> ErrorAnswer:
+    """``err`` as the answer, settled as refused: nothing was served."""
+    return ErrorAnswer(err, settlement=refused(err))
+
+
+def gone(settlement: Settlement) -> ErrorAnswer:
+    """The caller closed the connection while its answer was being written, before
+    aiohttp noticed and cancelled the call: nothing is left to send (aiohttp drops
+    the connection quietly); ``settlement`` says what was delivered."""
+    err = PrismError(
+        499, CLIENT_CLOSED, "the caller closed the connection before its answer was written"
+    )
+    return ErrorAnswer(err, settlement=settlement)
 
 
 @attrs.define(eq=False)
@@ -105,7 +162,8 @@ class BodyAnswer(Answer):
 
     async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
         if not recorded and not self.unbilled:
-            return await ErrorAnswer(unrecorded(call)).finish(call, recorded)
+            withheld = ErrorAnswer(unrecorded(call), settlement=self.settlement)
+            return await withheld.finish(call, recorded)
         headers = prism_headers(call)
         headers["Content-Type"] = self.content_type
         return web.Response(body=self.body, status=self.status, headers=headers)
@@ -150,7 +208,7 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
     return late.encode("latin-1", "replace")
 
 
-class _EventStream(web.StreamResponse):
+class _EventStream(DeferredHeadersResponse):
     """A stream response whose headers leave with its first events, in one write.
 
     aiohttp sends a stream's headers on ``prepare`` by default; a relay
@@ -158,8 +216,6 @@ class _EventStream(web.StreamResponse):
     hand and written next, so sending them apart would cost a write and
     gain the caller nothing.
     """
-
-    _send_headers_immediately = False
 
 
 def stream_response(call: Call) -> tuple[web.StreamResponse, dict[str, str]]:
@@ -203,15 +259,13 @@ def json_body(value: object) -> bytes:
     return orjson.dumps(value)
 
 
-async def settle(generation: Generation, call: Call) -> bool:
-    """Run ``prism_settle`` for ``call.settlement`` and write the call's access log line.
+async def settle(generation: Generation, call: Call, settlement: Settlement) -> bool:
+    """Run ``prism_settle`` for ``settlement`` and write the call's access log line.
 
     Called once per call, by the endpoint, on every path.  Returns False
     when an implementation failed (its awaitable raised): the answer is then
     withheld where it could be billed.
     """
-    settlement = call.settlement
-    assert settlement is not None, "every path sets call.settlement"
     recorded = True
     settle_hook = generation.hooks.settle
     if settle_hook is not None:

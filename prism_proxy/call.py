@@ -17,6 +17,7 @@ from .catalog import Binding, ModelSpec
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from .capacity import Slots
     from .generation import Generation
 
 __all__ = [
@@ -282,7 +283,9 @@ class Call:
     Plugins may read everything and may write: ``principal`` (authenticate),
     ``attempt_timeout_s`` and ``timeout_retry`` (call_start), ``metadata``,
     ``response_headers`` (extra headers for the caller) and ``extensions``
-    (a plugin's own per-call scratch space, keyed by plugin name).
+    (a plugin's own per-call scratch space, keyed by plugin name; the core
+    keeps its own state in typed fields, never there).  How the call ended
+    is not on it: ``prism_settle`` is handed the settlement.
     """
 
     request_id: str
@@ -313,9 +316,15 @@ class Call:
     record: list[Attempt | Skip] = attrs.field(factory=list)
     served: Attempt | None = None
     response_headers: dict[str, str] = attrs.field(factory=dict)
+    #: Plugins' own per-call data, keyed by plugin name.
     extensions: dict[str, Any] = attrs.field(factory=dict)
-    #: How the call ended, decided on its way out and settled once by the core.
-    settlement: Settlement | None = None
+    #: The capacity slot the serving attempt holds until the answer ends (the
+    #: endpoint gives it back).
+    slot: Slots | None = None
+    #: What the request uses of a line's ``capabilities`` and its prompt's
+    #: estimated size: worked out once, when a line first asks (``prism_proxy.gate``).
+    capabilities: tuple[str, ...] | None = None
+    prompt_tokens: int | None = None
 
     def new_attempt(self, binding: Binding, now: float) -> Attempt:
         attempt = Attempt(

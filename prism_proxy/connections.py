@@ -26,18 +26,20 @@ import attrs
 import cachetools
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
-from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
-# aiohttp's own form of "the parser rejected this message": queued in its place,
-# it is answered by handle_error in turn, after the requests before it.
-from aiohttp.web_protocol import _ErrInfo
-
-from .answers import error_response
+from .aiohttp_internals import (
+    BadHttpMessage,
+    ErrInfo,
+    HandlerInternals,
+    LineTooLong,
+    SiteInternals,
+)
+from .answers import client_wire, error_response
 from .call import new_id
 from .errors import PrismError
 from .record import REQUEST_ID_HEADER
-from .wire import OPENAI
 
 __all__ = ["ConnectionGuard", "GuardedHandler", "GuardedSite", "RejectionLog", "default_limit"]
 
@@ -70,17 +72,31 @@ def default_limit() -> tuple[int, int]:
     return max(1, int(soft * FILE_SHARE)), soft
 
 
-def _raw_answer(status: int, reason: str, err: PrismError) -> bytes:
-    """A whole HTTP/1.1 answer written straight to a transport (no request was parsed)."""
-    body = OPENAI.error_body(err)
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: {SERVER}\r\n\r\n"
-    )
-    return head.encode("ascii") + body
+@attrs.frozen
+class RawAnswer:
+    """A whole HTTP/1.1 answer written straight to a transport (no request was parsed).
+
+    Built once; each one written gets its own request id, as every answer does.
+    """
+
+    head: bytes
+    tail: bytes
+
+    @classmethod
+    def of(cls, status: int, reason: str, err: PrismError) -> RawAnswer:
+        body = client_wire(None).error_body(err)
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\nServer: {SERVER}\r\n"
+            f"{REQUEST_ID_HEADER}: "
+        )
+        return cls(head.encode("ascii"), b"\r\n\r\n" + body)
+
+    def bytes(self) -> bytes:
+        return self.head + new_id("req_").encode("ascii") + self.tail
 
 
-TOO_MANY_CONNECTIONS = _raw_answer(
+TOO_MANY_CONNECTIONS = RawAnswer.of(
     503,
     "Service Unavailable",
     PrismError(
@@ -90,7 +106,7 @@ TOO_MANY_CONNECTIONS = _raw_answer(
         type="api_error",
     ),
 )
-HEAD_TIMEOUT = _raw_answer(
+HEAD_TIMEOUT = RawAnswer.of(
     408,
     "Request Timeout",
     PrismError(408, "request_timeout", "the request line and headers did not arrive in time"),
@@ -205,7 +221,7 @@ class ConnectionGuard:
         """
         self.count(event)
         self.turned_away[event] += 1
-        _close_with(transport, TOO_MANY_CONNECTIONS)
+        _close_with(transport, TOO_MANY_CONNECTIONS.bytes())
         so_far = self.turned_away[event]
         return so_far if so_far & (so_far - 1) == 0 else 0
 
@@ -280,7 +296,7 @@ def _rejection(exc: BaseException | None) -> tuple[int, str, str]:
     return 400, "bad_http_message", f"the request is not valid HTTP/1.1 ({name})"
 
 
-class GuardedHandler(web.RequestHandler):
+class GuardedHandler(HandlerInternals):
     """aiohttp's connection handler, with the guard's deadlines and cap.
 
     The head clock runs from a connection's start, and on a kept-alive
@@ -301,8 +317,8 @@ class GuardedHandler(web.RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self._guard
-        if not guard.make_room(transport, self._loop.time()):
-            self._manager = None  # never registered: connection_lost has nothing to undo
+        if not guard.make_room(transport, self.aio_loop.time()):
+            self.aio_manager = None  # never registered: connection_lost has nothing to undo
             guard.refuse(transport)
             return
         guard.open += 1
@@ -332,16 +348,16 @@ class GuardedHandler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:
             return
-        heads = self._request_count
+        heads = self.aio_request_count
         self._feed(data)
-        if self._request_count != heads:
+        if self.aio_request_count != heads:
             self._stop_head_clock()
             # The newest request's body: bytes that follow belong to it until it ends.
-            self._body = self._messages[-1][1] if self._messages else None
+            self._body = self.aio_messages[-1][1] if self.aio_messages else None
         elif (
             self._head_timer is None
-            and not self._request_in_progress
-            and not self._messages
+            and not self.aio_request_in_progress
+            and not self.aio_messages
             and (self._body is None or self._body.is_eof())
         ):
             self._start_head_clock()
@@ -366,14 +382,14 @@ class GuardedHandler(web.RequestHandler):
             head = data[start:cut]
             if _declares_body(head):
                 break
-            heads = self._request_count
+            heads = self.aio_request_count
             super().data_received(head)
             start = cut
-            if self._request_count == heads:
+            if self.aio_request_count == heads:
                 break  # not a head's end (a body's bytes): the rest in one go
             if not self._vet(heads):
                 return  # the connection's last answer is a 400: nothing more is parsed
-        heads = self._request_count
+        heads = self.aio_request_count
         super().data_received(data[start:] if start else data)
         self._vet(heads)
 
@@ -384,19 +400,21 @@ class GuardedHandler(web.RequestHandler):
         answers in kind), and takes HTTP/2.0 on an HTTP/1 connection; both
         get the parser's own 400 instead.
         """
-        queue = self._messages
-        for i in range(len(queue) - (self._request_count - heads), len(queue)):
+        queue = self.aio_messages
+        for i in range(len(queue) - (self.aio_request_count - heads), len(queue)):
             message = queue[i][0]
             if not isinstance(message, RawRequestMessage):
                 return False  # the parser failed: the rest of the connection is not read
             if message.version != HttpVersion11 and message.version != HttpVersion10:
                 exc = BadHttpMessage("not an HTTP/1.0 or HTTP/1.1 request")
-                queue[i] = (_ErrInfo(400, exc, exc.message), EMPTY_PAYLOAD)
+                # aiohttp's own "the parser rejected this", in the request's place: it is
+                # answered by handle_error in turn, after the requests before it.
+                queue[i] = (ErrInfo(400, exc, exc.message), EMPTY_PAYLOAD)
                 return False
         return True
 
     def _start_head_clock(self) -> None:
-        loop = self._loop
+        loop = self.aio_loop
         self._head_timer = loop.call_later(self._guard.header_timeout_s, self._head_late)
         self._guard.waiting[self] = loop.time()
 
@@ -410,10 +428,10 @@ class GuardedHandler(web.RequestHandler):
         self._head_timer = None
         self._guard.waiting.pop(self, None)
         transport = self.transport
-        if transport is None or self._request_in_progress or self._messages:
+        if transport is None or self.aio_request_in_progress or self.aio_messages:
             return
         self._guard.count("header_timeouts")
-        transport.write(HEAD_TIMEOUT)
+        transport.write(HEAD_TIMEOUT.bytes())
         self.force_close()
 
     async def finish_response(
@@ -463,12 +481,12 @@ class GuardedHandler(web.RequestHandler):
                 status, "internal_error", "Prism failed unexpectedly", type="api_error"
             )
         headers = {"Server": SERVER, REQUEST_ID_HEADER: new_id("req_")}
-        response = error_response(err, headers=headers)
+        response = error_response(err, request=request, headers=headers)
         response.force_close()
         return response
 
 
-class GuardedSite(web.BaseSite):
+class GuardedSite(SiteInternals):
     """A TCP listener whose connections are :class:`GuardedHandler` s.
 
     It serves on ``sock``, a socket already bound and listening (see
@@ -507,7 +525,7 @@ class GuardedSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        server = self._runner.server
+        server = self.aio_runner.server
         assert server is not None
         loop = asyncio.get_running_loop()
         guard, args = self._guard, self._handler_args
@@ -515,4 +533,6 @@ class GuardedSite(web.BaseSite):
         def protocol() -> GuardedHandler:
             return GuardedHandler(server, loop=loop, guard=guard, **args)
 
-        self._server = await loop.create_server(protocol, sock=self._sock, backlog=self._backlog)
+        self.aio_server = await loop.create_server(
+            protocol, sock=self._sock, backlog=self.aio_backlog
+        )

@@ -156,9 +156,6 @@ async def dispatch(gen: Generation, call: Call) -> Served:
     raise exhausted(call)
 
 
-#: ``call.extensions`` key of the capacity slot the serving attempt holds until the end.
-SERVED_SLOT = "prism.slot"
-
 #: A caller opts in to cross-tier fallback (for models that leave it to the caller).
 FALLBACK_HEADER = "x-prism-fallback"
 
@@ -247,7 +244,7 @@ class _Walk:
             assert verdict is not None
             if served is not None and not (verdict.outcome is _EMPTY and model.empty == "fallback"):
                 if slots is not None:
-                    call.extensions[SERVED_SLOT] = slots  # held until the answer ends
+                    call.slot = slots  # held until the answer ends
                 return served
             if slots is not None:
                 slots.give_back()
@@ -297,6 +294,7 @@ async def _attempt(
                         response,
                         wire=prepared.provider_wire,
                         forward_usage=call.include_usage,
+                        clock=gen.time,
                         translator=prepared.stream_translator(call.include_usage),
                         idle_timeout=call.attempt_timeout_s,
                     )

@@ -11,18 +11,19 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from . import settlements
 from .admin import ADMIN_HEADER, admin_handler, is_admin
-from .answers import Answer, BodyAnswer, ErrorAnswer, error_response, settle
-from .call import Call, Endpoint, Settlement, new_id
+from .answers import Answer, BodyAnswer, client_wire, error_response, gone, refusal, settle
+from .call import Call, Endpoint, new_id
 from .catalog import ModelSpec
-from .dispatch import SERVED_SLOT, ChainDeadline, PassThrough, dispatch, exhausted
+from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
 from .errors import ECHO_LIMIT, ConfigError, PrismError, echo
 from .gateway import GATEWAY
 from .generation import Generation
 from .record import REQUEST_ID_HEADER
 from .relay import degraded, relay
 from .selflink import INTERNAL_HEADER
-from .wire import ANTHROPIC, OPENAI, Wire, wire_for
+from .wire import ANTHROPIC
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
 from .wire.shape import check_depth
@@ -58,7 +59,7 @@ async def unmatched(request: web.Request) -> web.Response:
     for resource in request.app.router.resources():
         if resource is not this:
             allowed |= (await resource.resolve(request))[1]
-    wire = _client_wire(request)
+    wire = client_wire(request)
     if allowed:
         methods = ", ".join(sorted(allowed))
         err = PrismError(
@@ -191,23 +192,25 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
     try:
         try:
             answer = await _answer(generation, call)
-        finally:
-            if call.settlement is None:
-                # Cancelled before any outcome was decided: the caller left.
-                call.settlement = Settlement(
-                    outcome="aborted", status=499, served=call.served, error_code="client_closed"
-                )
-            recorded = await settle(generation, call)
+        except BaseException as left:
+            # Cancelled before its answer was whole: the caller left, or shutdown's grace ran out.
+            if isinstance(left, settlements.Abandoned):
+                ended = left.settlement
+            else:
+                ended = settlements.aborted(call.served)
+            await settle(generation, call, ended)
+            raise
+        recorded = await settle(generation, call, answer.settlement)
         return await answer.finish(call, recorded)
     finally:
-        slot = call.extensions.pop(SERVED_SLOT, None)
+        slot = call.slot
         if slot is not None:
             slot.give_back()
         gateway.leave(generation)
 
 
 async def _answer(generation: Generation, call: Call) -> Answer:
-    """Serve ``call``; every path sets ``call.settlement`` and returns what is left to send."""
+    """Serve ``call``: every path returns what is left to send, with its settlement."""
     config, hooks = generation.config, generation.hooks
     try:
         body = await _read_json(call.request, config.max_body_bytes, config.header_timeout_s)
@@ -247,20 +250,14 @@ async def _answer(generation: Generation, call: Call) -> Answer:
     except ChainDeadline as err:
         model = call.model
         if model is not None and model.degraded and call.endpoint is not Endpoint.EMBEDDINGS:
-            return await degraded(call, model.degraded)
-        return _refused(call, err)
+            return await degraded(call, model.degraded, err)
+        return refusal(err)
     except PrismError as err:
-        return _refused(call, err)
+        return refusal(err)
     except ConnectionResetError:
-        # The caller left while its answer was being written, before aiohttp noticed
-        # and cancelled us: the relay settled the call as aborted, with what was
-        # delivered.  Nothing is left to send; aiohttp drops the connection quietly.
-        if call.settlement is None:
-            call.settlement = Settlement(
-                outcome="aborted", status=499, served=call.served, error_code="client_closed"
-            )
-        gone = "the caller closed the connection before its answer was written"
-        return ErrorAnswer(PrismError(499, "client_closed", gone))
+        # The caller left while its answer was being written (a relay answers that
+        # itself, with what was delivered), before aiohttp noticed and cancelled us.
+        return gone(settlements.aborted(call.served))
     except Exception:
         log.exception("unexpected failure in %s", call.request_id)
         failure = PrismError(
@@ -269,7 +266,7 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             f"Prism failed unexpectedly; the log has the details under {call.request_id}",
             type="api_error",
         )
-        return _refused(call, failure)
+        return refusal(failure)
 
 
 def _authenticate(generation: Generation, call: Call) -> None:
@@ -323,11 +320,6 @@ def _traffic_kind(kind: str) -> str:
     return kind
 
 
-def _refused(call: Call, err: PrismError) -> Answer:
-    call.settlement = Settlement(outcome="error", status=err.status, error_code=err.code)
-    return ErrorAnswer(err)
-
-
 def _pass_through(generation: Generation, call: Call, rejected: PassThrough) -> Answer:
     """The caller's own mistake, as the upstream said it.
 
@@ -337,15 +329,14 @@ def _pass_through(generation: Generation, call: Call, rejected: PassThrough) -> 
     """
     result = rejected.result
     status = 400 if result.status in (None, 200) else result.status
-    call.settlement = Settlement(
-        outcome="error", status=status, error_code="upstream_request_error"
-    )
-    provider = generation.providers[rejected.attempt.binding.provider]
-    client_wire = wire_for(call.endpoint)
-    if client_wire.name == provider.wire and isinstance(result.json, dict):
-        return BodyAnswer(result.body, status=status, unbilled=True)
     err = PrismError(status, "upstream_request_error", _upstream_message(result.json))
-    return ErrorAnswer(err)
+    provider = generation.providers[rejected.attempt.binding.provider]
+    wire = client_wire(call.request, call.endpoint)
+    if wire.name == provider.wire and isinstance(result.json, dict):
+        return BodyAnswer(
+            result.body, status=status, unbilled=True, settlement=settlements.refused(err)
+        )
+    return refusal(err)
 
 
 def _upstream_message(payload: Any) -> str:
@@ -355,12 +346,8 @@ def _upstream_message(payload: Any) -> str:
 
 
 def _anthropic_client(request: web.Request) -> bool:
-    """The Anthropic SDK sends anthropic-version; it expects its own shapes."""
-    return "anthropic-version" in request.headers or request.path.startswith("/v1/messages")
-
-
-def _client_wire(request: web.Request) -> Wire:
-    return ANTHROPIC if _anthropic_client(request) else OPENAI
+    """The Anthropic SDK expects its own shapes, for the model list as for errors."""
+    return client_wire(request) is ANTHROPIC
 
 
 def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response | None]:
@@ -376,7 +363,7 @@ def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response
     try:
         _authenticate(generation, call)
     except PrismError as err:
-        refused = error_response(err, wire=_client_wire(request), headers=_id_header(call))
+        refused = error_response(err, request=request, headers=_id_header(call))
         return generation, call, refused
     return generation, call, None
 
@@ -424,7 +411,7 @@ async def get_model(request: web.Request) -> web.Response:
         err = PrismError(
             404, "model_not_found", f"model '{echo(name)}' is not in the catalog", param="model"
         )
-        return error_response(err, wire=_client_wire(request), headers=_id_header(call))
+        return error_response(err, request=request, headers=_id_header(call))
     body = _anthropic_model(name) if _anthropic_client(request) else _model_object(name)
     return web.json_response(body, dumps=_dumps, headers=_id_header(call))
 

@@ -21,8 +21,6 @@ from .wire import wire_for
 __all__ = ["CAPABILITIES", "Incompatible", "check_line", "used_capabilities"]
 
 CAPABILITIES = LINE_CAPABILITIES
-_USED = "prism.capabilities"
-_PROMPT = "prism.prompt_tokens"
 
 _VISION_PARTS = frozenset({"image_url", "image", "document", "file"})
 _AUDIO_PARTS = frozenset({"input_audio"})
@@ -50,18 +48,18 @@ def check_line(call: Call, binding: Binding) -> None:
 
 def used_capabilities(call: Call) -> tuple[str, ...]:
     """The capabilities the request needs, in :data:`CAPABILITIES` order (cached on the call)."""
-    used: tuple[str, ...] | None = call.extensions.get(_USED)
+    used = call.capabilities
     if used is None:
-        used = call.extensions[_USED] = _capabilities(call.endpoint, call.body)
+        used = call.capabilities = _capabilities(call.endpoint, call.body)
     return used
 
 
 def _prompt_tokens(call: Call) -> int:
-    tokens = call.extensions.get(_PROMPT)
+    tokens = call.prompt_tokens
     if tokens is None:
-        tokens = wire_for(call.endpoint).estimate_usage(call.body, 0).input_tokens
-        call.extensions[_PROMPT] = tokens
-    return int(tokens)
+        estimate = wire_for(call.endpoint).estimate_usage(call.body, 0)
+        tokens = call.prompt_tokens = estimate.input_tokens
+    return tokens
 
 
 def _capabilities(endpoint: Endpoint, body: Mapping[str, Any]) -> tuple[str, ...]:

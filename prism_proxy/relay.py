@@ -1,21 +1,22 @@
 """Relaying the serving attempt to the caller, up to (not including) its last bytes.
 
-The relay decides the call's settlement and returns an unfinished
-:class:`~prism_proxy.answers.Answer`: the endpoint settles the call, then
-the answer's last bytes leave.
+The relay returns an unfinished :class:`~prism_proxy.answers.Answer`
+carrying the call's settlement: the endpoint settles the call, then the
+answer's last bytes leave.  A stream cancelled mid-answer raises
+:class:`~prism_proxy.settlements.Abandoned`, carrying what was delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Literal
 
 import attrs
 
+from . import settlements
 from .accounting import checked_usage, estimate
-from .answers import Answer, BodyAnswer, StreamAnswer, json_body, stream_response
-from .call import Attempt, Call, Outcome, Settlement, Usage
+from .answers import Answer, BodyAnswer, StreamAnswer, gone, json_body, stream_response
+from .call import Attempt, Call, Outcome, Usage
 from .dispatch import Served
 from .errors import PrismError
 from .stream import StreamBroken, UpstreamStream
@@ -37,10 +38,6 @@ async def relay(call: Call, served: Served) -> Answer:
     return await _relay_stream(call, served, served.stream)
 
 
-def _served_outcome(served: Served) -> Literal["ok", "empty"]:
-    return "empty" if served.attempt.outcome is _EMPTY else "ok"
-
-
 def _relay_body(call: Call, served: Served) -> Answer:
     result = served.result
     served.response.release()
@@ -50,13 +47,11 @@ def _relay_body(call: Call, served: Served) -> Answer:
         call, served, wire.usage_update(None, result.json), wire.answer_chars(result.json)
     )
     served.attempt.finish_reason = wire.finish_reason(result.json)
-    call.settlement = Settlement(
-        outcome=_served_outcome(served), status=200, served=served.attempt, usage=usage
-    )
+    settlement = settlements.served(served.attempt, usage)
     if prepared.translated:
-        return BodyAnswer(json_body(prepared.translate_body(result.json)))
+        return BodyAnswer(json_body(prepared.translate_body(result.json)), settlement=settlement)
     content_type = served.response.headers.get("Content-Type", "application/json")
-    return BodyAnswer(result.body, content_type=content_type)
+    return BodyAnswer(result.body, content_type=content_type, settlement=settlement)
 
 
 def _finished(served: Served, stream: UpstreamStream) -> Attempt:
@@ -107,17 +102,15 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
             # Whatever went wrong mid-answer, the caller gets an explicit end.
             log.exception("relay failed on %s", call.request_id)
             broke = f"relay failed: {type(exc).__name__}"
-    except (asyncio.CancelledError, ConnectionResetError):
+    except (asyncio.CancelledError, ConnectionResetError) as left:
         # The client went away (or shutdown's grace ran out): drop the upstream at once.
         stream.close()
-        call.settlement = Settlement(
-            outcome="aborted",
-            status=499,
-            served=_finished(served, stream),
-            usage=_usage_so_far(call, served, stream),
-            error_code="client_closed",
+        settlement = settlements.aborted(
+            _finished(served, stream), _usage_so_far(call, served, stream)
         )
-        raise
+        if isinstance(left, ConnectionResetError):
+            return gone(settlement)
+        raise settlements.Abandoned(settlement) from left
     if broke is not None:
         stream.close()
         err = PrismError(
@@ -128,39 +121,33 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
             type="api_error",
             extra={"request_id": call.request_id},
         )
-        call.settlement = Settlement(
-            outcome="error",
-            status=200,
-            served=_finished(served, stream),
-            usage=_usage_so_far(call, served, stream),
-            error_code=err.code,
+        settlement = settlements.broken(
+            _finished(served, stream), _usage_so_far(call, served, stream), err
         )
         final = wire_for(call.endpoint).error_event(err)
-        return StreamAnswer(response, sent, tail, final=final)
-    call.settlement = Settlement(
-        outcome=_served_outcome(served),
-        status=200,
-        served=_finished(served, stream),
-        usage=_usage_so_far(call, served, stream),
+        return StreamAnswer(response, sent, tail, final=final, settlement=settlement)
+    settlement = settlements.served(_finished(served, stream), _usage_so_far(call, served, stream))
+    return StreamAnswer(
+        response, sent, tail + stream.closing(), upstream=stream, settlement=settlement
     )
-    return StreamAnswer(response, sent, tail + stream.closing(), upstream=stream)
 
 
-async def degraded(call: Call, template: str) -> Answer:
-    """The operator's templated answer, served instead of a 504 when the budget ran out.
+async def degraded(call: Call, template: str, err: PrismError) -> Answer:
+    """The operator's templated answer, served instead of ``err`` (a 504) when the budget ran out.
 
     Marked ``x-prism-outcome: degraded``; no provider served it, so nothing is billed.
     """
     text = template.replace("{model}", call.model_name).replace("{request_id}", call.request_id)
     call.response_headers["x-prism-outcome"] = "degraded"
-    call.settlement = Settlement(outcome="error", status=200, error_code="chain_deadline_exceeded")
+    settlement = settlements.degraded(err)
     suffix = call.request_id.removeprefix("req_")
     wire = wire_for(call.endpoint)
     if not call.stream:
         whole = wire.degraded_body(suffix, call.model_name, text)
-        return BodyAnswer(json_body(whole), unbilled=True)
+        return BodyAnswer(json_body(whole), unbilled=True, settlement=settlement)
     response, sent = stream_response(call)
     await response.prepare(call.request)
     # The whole stream is the answer; the wire's own end closes it.
     events = wire.degraded_events(suffix, call.model_name, text)
-    return StreamAnswer(response, sent, events.removesuffix(wire.done_event), unbilled=True)
+    tail = events.removesuffix(wire.done_event)
+    return StreamAnswer(response, sent, tail, unbilled=True, settlement=settlement)

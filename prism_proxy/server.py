@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 from aiohttp import web
 
+from .aiohttp_internals import require as require_aiohttp_internals
 from .config import DEFAULT_BACKLOG, Config
 from .connections import ConnectionGuard, GuardedSite, default_limit
 from .errors import ConfigError
@@ -202,7 +203,11 @@ async def listen(
     of the open-file soft limit) a new connection takes the place of one
     still waiting for its request head, or is refused at once;
     up to ``backlog`` more wait in the kernel's queue to be accepted.
+    An aiohttp that lacks an internal the connections rely on raises
+    :class:`~prism_proxy.aiohttp_internals.AiohttpInternalMissing` here,
+    before it binds or starts anything.
     """
+    require_aiohttp_internals()
     sockets = app.get(LISTEN_SOCKETS)
     if sockets is None:
         sockets = bind(host, port, backlog=backlog)

@@ -23,8 +23,8 @@ API = [
 ]
 
 
-async def test_every_answer_carries_a_request_id(prism_gateway, catalog):
-    gw = await prism_gateway(catalog)
+async def test_every_answer_carries_a_request_id(prism_gateway, catalog, prism_clock):
+    gw = await prism_gateway(catalog, clock=prism_clock)  # the retries' pauses take no time
     ids = []
     async with aiohttp.ClientSession() as session:
         for method, path, body in (
@@ -56,13 +56,13 @@ async def test_an_unknown_path_names_itself_and_the_endpoints_that_exist(prism_g
 
 
 async def test_a_huge_model_name_is_cut_in_the_answer_and_the_access_log(
-    prism_gateway, prism_fake, catalog, caplog
+    prism_gateway, prism_fake, catalog, caplog, prism_clock
 ):
     caplog.set_level(logging.INFO, logger="prism.calls")
     long_but_real = "a-model-whose-name-is-long-" * 6  # longer than ECHO_LIMIT, in the catalog
     assert len(long_but_real) > ECHO_LIMIT
     catalog["models"][long_but_real] = catalog["models"]["chat-a"]
-    gw = await prism_gateway(catalog)
+    gw = await prism_gateway(catalog, clock=prism_clock)
     client = gw.openai()
     huge = "".join(chr(ord("a") + i % 26) for i in range(100_000))
     with pytest.raises(openai.NotFoundError) as missing:

@@ -329,8 +329,10 @@ async def test_invalid_fields_are_named(post, path, body, status, code, param):
     assert headers["x-prism-request-id"].startswith("req_")
 
 
-async def test_a_body_as_deep_as_the_limit_is_served(prism_fake, prism_gateway, catalog):
-    gw = await prism_gateway(catalog)
+async def test_a_body_as_deep_as_the_limit_is_served(
+    prism_fake, prism_gateway, catalog, prism_clock
+):
+    gw = await prism_gateway(catalog, clock=prism_clock)  # the retries' pauses take no time
     # The body is the first level, metadata the second: 128 in all.
     raw = await gw.openai().chat.completions.with_raw_response.create(
         model="chat-a", messages=MESSAGES, extra_body={"x": {"y": nested(126)}}

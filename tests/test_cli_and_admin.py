@@ -200,11 +200,11 @@ class BrokenLedger:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_answer_that_cannot_be_recorded_is_withheld(
-    prism_fake, prism_gateway, catalog, stream
+    prism_fake, prism_gateway, catalog, stream, prism_clock
 ):
     import openai
 
-    gw = await prism_gateway(catalog, plugins=[(BrokenLedger(), "ledger")])
+    gw = await prism_gateway(catalog, plugins=[(BrokenLedger(), "ledger")], clock=prism_clock)
     client = gw.openai()
     with pytest.raises(openai.APIError) as info:
         result = await client.chat.completions.create(

@@ -200,6 +200,7 @@ async def test_beyond_the_cap_the_refusal_is_written_and_logged_sparsely(prism_f
             busy.append((reader, writer))
         await asyncio.sleep(0.2)
         started = time.monotonic()
+        ids = set()
         for _ in range(20):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -210,6 +211,9 @@ async def test_beyond_the_cap_the_refusal_is_written_and_logged_sparsely(prism_f
             status, headers, body = split_answer(raw)
             assert (status, body["error"]["code"]) == (503, "too_many_connections")
             assert headers["connection"] == "close"
+            ids.add(headers["x-prism-request-id"])
+        # Every refusal is an answer like any other: its own request id.
+        assert len(ids) == 20 and all(i.startswith("req_") for i in ids)
         assert time.monotonic() - started < 10
         for _, writer in busy:
             writer.close()

@@ -94,6 +94,7 @@ async def test_a_connection_that_sends_nothing_is_closed(prism_gateway, catalog)
     status, headers, body = split_answer(raw)
     assert (status, body["error"]["code"]) == (408, "request_timeout")
     assert headers["server"] == "prism"
+    assert headers["x-prism-request-id"].startswith("req_")
 
 
 async def test_an_idle_keep_alive_connection_is_closed(prism_gateway, catalog):
