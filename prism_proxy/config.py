@@ -17,7 +17,8 @@ import os
 import re
 import tomllib
 import urllib.parse
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,14 +190,35 @@ class Section:
             return tuple(item.strip() for item in value)
         raise self.error(key, f"expected a list of names, got {value!r}")
 
+    def get_url(self, key: str, *, schemes: Sequence[str]) -> str | None:
+        """The URL at ``key`` (None when unset or blank), checked to have one of ``schemes``.
+
+        A plugin names the schemes its client speaks (``("postgresql",
+        "postgres")``); a URL with another scheme, or a port that is no
+        number, is an error naming ``key`` that shows the URL without its
+        password.
+        """
+        url = self.get_str(key)
+        return self._check_url(key, url, schemes) if url else None
+
     def check_postgres_url(self, key: str, url: str) -> str:
-        """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; else an error
-        naming ``key`` that shows the URL without its password."""
+        """Deprecated: ``get_url(key, schemes=("postgresql", "postgres"))``.
+
+        Kept for one release for plugins outside this repository.
+        """
+        warnings.warn(
+            "Section.check_postgres_url is deprecated; use "
+            'Section.get_url(key, schemes=("postgresql", "postgres"))',
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._check_url(key, url, ("postgresql", "postgres"))
+
+    def _check_url(self, key: str, url: str, schemes: Sequence[str]) -> str:
         scheme = url.partition("://")[0].lower() if "://" in url else ""
-        if scheme not in ("postgresql", "postgres"):
-            raise self.error(
-                key, f"expected a postgresql:// or postgres:// URL, got {redact_url(url)!r}"
-            )
+        if scheme not in schemes:
+            wanted = " or ".join(f"{name}://" for name in schemes)
+            raise self.error(key, f"expected a {wanted} URL, got {redact_url(url)!r}")
         try:
             urllib.parse.urlsplit(url).port  # noqa: B018 - a bad port raises here, not later
         except ValueError as exc:

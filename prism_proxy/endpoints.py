@@ -229,7 +229,7 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             call.model_name = echo(name)
         if not _internal(call, generation):
             _authenticate(generation, call)
-            _traffic(call)
+            _traffic(generation, call)
         call.model = generation.catalog.resolve(call.model_name)
         if call.model is None:
             raise PrismError(
@@ -276,10 +276,10 @@ def _authenticate(generation: Generation, call: Call) -> None:
         call.principal = principal
 
 
-#: Marks a call as Prism's own traffic (``probe``, ``preflight``): never billed to a
-#: customer, never evidence for the breaker.  Only with the admin token.
+#: Marks a call as operator traffic (a kind a plugin registers, ``prism_traffic_kinds``):
+#: never billed to a customer, never evidence for the breaker.  Only with the
+#: admin token or the internal one.
 TRAFFIC_HEADER = "x-prism-traffic"
-OPERATOR_TRAFFIC = ("probe", "preflight")
 
 
 def _internal(call: Call, generation: Generation) -> bool:
@@ -290,15 +290,16 @@ def _internal(call: Call, generation: Generation) -> bool:
     token = generation.self_link.token
     if not hmac.compare_digest(presented.encode(), token.encode()):
         raise PrismError(403, "invalid_internal_token", f"{INTERNAL_HEADER} is not this gateway's")
-    call.traffic = _traffic_kind(call.request.headers.get(TRAFFIC_HEADER, "probe"))
+    # No default kind: the core names none, the plugin sending the call does.
+    call.traffic = _traffic_kind(generation, call.request.headers.get(TRAFFIC_HEADER, ""))
     return True
 
 
-def _traffic(call: Call) -> None:
+def _traffic(generation: Generation, call: Call) -> None:
     kind = call.request.headers.get(TRAFFIC_HEADER)
     if kind is None:
         return
-    kind = _traffic_kind(kind)
+    kind = _traffic_kind(generation, kind)
     if not is_admin(call.request, header=ADMIN_HEADER):
         raise PrismError(
             403,
@@ -309,12 +310,14 @@ def _traffic(call: Call) -> None:
     call.traffic = kind
 
 
-def _traffic_kind(kind: str) -> str:
-    if kind not in OPERATOR_TRAFFIC:
+def _traffic_kind(generation: Generation, kind: str) -> str:
+    kinds = generation.traffic_kinds
+    if kind not in kinds:
         raise PrismError(
             400,
             "invalid_traffic",
-            f"{TRAFFIC_HEADER} must be one of {', '.join(OPERATOR_TRAFFIC)}",
+            f"{TRAFFIC_HEADER} must be one of the traffic kinds plugins register: "
+            f"{', '.join(sorted(kinds)) or 'none'}",
             param=TRAFFIC_HEADER,
         )
     return kind

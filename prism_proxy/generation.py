@@ -158,6 +158,9 @@ class Generation:
     wires: Wires = attrs.field(factory=lambda: Wires.of(default_wires()))
     #: The parameter profiles the plugins ship (``prism_param_profiles``), by family.
     param_profiles: Mapping[str, ParamProfile] = attrs.field(factory=dict)
+    #: The operator traffic kinds plugins register (``prism_traffic_kinds``): the
+    #: values ``x-prism-traffic`` may take.
+    traffic_kinds: frozenset[str] = frozenset()
     #: Per-generation tasks and resources: like aiohttp's ``cleanup_ctx``, each
     #: runs to its ``yield`` when the generation starts and on when it stops.
     cleanup_ctx: list[Callable[[], AsyncIterator[None]]] = attrs.field(factory=list)
@@ -301,6 +304,7 @@ def build_generation(
     profiles = param_profiles(config, pm)
     generation = Generation(
         number=number,
+        traffic_kinds=traffic_kinds(config, pm),
         org_settings=org_settings(config, pm),
         wires=wires,
         param_profiles=profiles,
@@ -329,3 +333,19 @@ def build_generation(
     if os.environ.get(TRACE_ENV):
         trace_hooks(pm)
     return generation
+
+
+def traffic_kinds(config: Config, pm: pluggy.PluginManager) -> frozenset[str]:
+    """The kinds ``x-prism-traffic`` may name: those the loaded plugins register."""
+    kinds = frozenset(kind for answer in pm.hook.prism_traffic_kinds() for kind in answer or ())
+    for kind in kinds:
+        # Operator traffic is billed to nobody: a plugin registering the callers'
+        # own kind (or a blank) would make the mark mean its opposite.
+        if not isinstance(kind, str) or not kind.strip() or kind == "customer":
+            raise ConfigError(
+                config.source,
+                "plugins",
+                f"prism_traffic_kinds: {kind!r} is not a traffic kind a plugin may "
+                "register (a non-empty name other than 'customer')",
+            )
+    return kinds

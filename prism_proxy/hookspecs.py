@@ -103,6 +103,24 @@ def prism_org_settings() -> Iterable[OrgSetting] | None:
 
 
 @hookspec
+def prism_traffic_kinds() -> Iterable[str] | None:
+    """Name the kinds of operator traffic this plugin sends (``probe``, ``preflight``).
+
+    A call marked ``x-prism-traffic: KIND`` (with the admin token, or with
+    ``generation.self_link.token`` in ``x-prism-internal-token``) is
+    recorded as that traffic (``call.traffic``) instead of ``customer``:
+    never billed to a customer, never evidence for the breaker.  The core
+    accepts only the kinds some loaded plugin names here; any other value,
+    or the header when no plugin names any, is refused 400
+    ``invalid_traffic`` listing the registered kinds.  A call with the
+    internal token must name its kind.  ``customer`` is the core's own and
+    cannot be registered.  Static, asked once per generation (the set is
+    ``generation.traffic_kinds``).  Fan-out; two plugins naming one kind
+    share it (the kind is a label, not an owner's resource).
+    """
+
+
+@hookspec
 def prism_catalog_keys() -> CatalogKeys | None:
     """Declare the extra catalog keys this plugin reads on models and chain lines.
 

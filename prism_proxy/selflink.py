@@ -2,7 +2,8 @@
 
 A plugin that sends traffic of its own through the gateway (probes) calls
 ``generation.self_link.url`` with ``x-prism-internal-token:
-generation.self_link.token`` and ``x-prism-traffic: probe``: the call skips
+generation.self_link.token`` and ``x-prism-traffic: probe`` (a kind it
+registers, ``prism_traffic_kinds``; the header is required): the call skips
 authentication (it is no customer's) and is recorded as that traffic.  The
 token never leaves the process; ``prism serve --workers N`` gives every worker
 the same one (``PRISM_INTERNAL_TOKEN``), since a call to the port may reach

@@ -6,7 +6,6 @@ provider plugin is tested exactly the way the core's are:
 - ``prism_fake``: a running fake upstream (needs ``prism-fake-upstream``);
 - ``prism_plugin``: ``prism_plugin(obj, "name")`` registers a plugin object in
   every gateway the test starts afterwards;
-- ``prism_postgres``: the URL of a fresh PostgreSQL database, dropped after the test;
 - ``prism_gateway``: ``await prism_gateway(catalog, config={...}, sections={...})``
   starts the real app on a loopback port and returns a :class:`GatewayUnderTest`;
   ``load_plugins=[...]`` loads only the installed plugins named;
@@ -17,6 +16,10 @@ provider plugin is tested exactly the way the core's are:
   waits (bounded) for what must have happened before it does;
 - :func:`free_port` and :func:`serve_process`: ``prism serve`` as a real
   process, for what only a process shows (signals, a crash, a restart).
+
+The fixtures of a service a plugin speaks ship with that plugin's own pytest
+plugin: ``prism_redis`` with prism-redis (``prism_redis.testing``),
+``prism_postgres`` with prism-billing (``prism_billing.testing``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import importlib
 import importlib.metadata
 import os
 import random as random_module
@@ -31,6 +35,7 @@ import resource
 import socket
 import sys
 import time
+import warnings
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -61,7 +66,6 @@ if TYPE_CHECKING:
 __all__ = [
     "GatewayUnderTest",
     "PluginRegistry",
-    "RedisUnderTest",
     "StartGateway",
     "eventually",
     "free_port",
@@ -69,6 +73,27 @@ __all__ = [
     "out_of_file_handles",
     "serve_process",
 ]
+
+
+#: Names that moved to a plugin's pytest plugin: importable from here for one
+#: release, with a DeprecationWarning.
+_MOVED = {
+    "RedisUnderTest": "prism_redis.testing",
+    "REDIS_SERVER": "prism_redis.testing",
+    "POSTGRES_SERVER": "prism_billing.testing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"prism_proxy.testing.{name} moved to {module}.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)
 
 
 @attrs.define(eq=False)
@@ -243,78 +268,6 @@ async def prism_fake() -> AsyncIterator[FakeUpstream]:
 
     async with FakeUpstream() as fake:
         yield fake
-
-
-#: The PostgreSQL server tests use (trust authentication, user ``postgres``).
-POSTGRES_SERVER = "127.0.0.1:5432"
-
-
-@pytest.fixture
-async def prism_postgres() -> AsyncIterator[str]:
-    """A fresh, empty PostgreSQL database for this test (its URL); dropped at the end.
-
-    Skips the test when no server answers at :data:`POSTGRES_SERVER`.  Needs
-    ``asyncpg`` (the plugins that speak PostgreSQL depend on it).
-    """
-    import secrets
-
-    import asyncpg
-
-    try:
-        admin = await asyncpg.connect(
-            f"postgresql://postgres@{POSTGRES_SERVER}/postgres", timeout=5
-        )
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        pytest.skip(f"PostgreSQL is not reachable at {POSTGRES_SERVER} as postgres: {exc}")
-    name = f"prism_test_{secrets.token_hex(6)}"
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"postgresql://postgres@{POSTGRES_SERVER}/{name}"
-    finally:
-        # A test may have closed the database to connections to play an outage.
-        with contextlib.suppress(asyncpg.PostgresError):
-            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
-#: The Redis server tests use.
-REDIS_SERVER = "127.0.0.1:6379"
-
-
-@attrs.frozen
-class RedisUnderTest:
-    """A Redis URL and a key prefix no other test uses."""
-
-    url: str
-    prefix: str
-
-
-@pytest.fixture
-async def prism_redis() -> AsyncIterator[RedisUnderTest]:
-    """This test's own key prefix on the Redis at :data:`REDIS_SERVER`; its keys go after.
-
-    Skips the test when no server answers.  Needs ``redis`` (prism-redis depends on it).
-    """
-    import secrets
-
-    import redis.asyncio as aioredis
-
-    url = f"redis://{REDIS_SERVER}/0"
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=5)
-    try:
-        await client.ping()
-    except (OSError, aioredis.RedisError) as exc:
-        await client.aclose()
-        pytest.skip(f"Redis is not reachable at {REDIS_SERVER}: {exc}")
-    prefix = f"prism-test-{secrets.token_hex(6)}"
-    try:
-        yield RedisUnderTest(url, prefix)
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 @pytest.fixture

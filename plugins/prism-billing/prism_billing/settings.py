@@ -13,6 +13,8 @@ from prism_proxy import Config, Section, redact_url
 __all__ = ["PLUGIN_NAME", "BillingSettings"]
 
 PLUGIN_NAME = "billing"
+#: The URL schemes asyncpg connects with.
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 _KEYS = (
     "ledger_path",
     "ledger_url",
@@ -92,7 +94,7 @@ class BillingSettings:
             ),
         )
         raw = section.get_str("ledger_path")
-        url = section.get_str("ledger_url")
+        url = section.get_url("ledger_url", schemes=POSTGRES_SCHEMES)
         if url:
             if raw:
                 raise section.error(
@@ -100,7 +102,6 @@ class BillingSettings:
                     "ledger_path is set too: name one ledger, a SQLite file (ledger_path) "
                     "or a PostgreSQL database (ledger_url), not both",
                 )
-            url = section.check_postgres_url("ledger_url", url)
             spool = _spool_path(config, section, check_dir=check_dir)
             return attrs.evolve(settings, ledger_url=url, spool_path=spool)
         if "spool_path" in section:

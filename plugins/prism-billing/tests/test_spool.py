@@ -22,10 +22,11 @@ import pytest
 from prism_billing.pg_ledger import LedgerUnavailable, PostgresLedgerWriter
 from prism_billing.settings import BillingSettings
 from prism_billing.spool import Spool
+from prism_billing.testing import POSTGRES_SERVER
 from prism_fake_upstream import Fault
 
 from prism_proxy import ConfigError, config_from_mapping, load_config
-from prism_proxy.testing import POSTGRES_SERVER, free_port, serve_process
+from prism_proxy.testing import free_port, serve_process
 
 from .conftest import PRICE_A, expected_cost, priced_catalog
 from .test_billing import MESSAGES

@@ -12,6 +12,8 @@ __all__ = ["SECTION", "KeysSettings", "require_settings"]
 
 SECTION = "keys"
 DEFAULT_REFRESH_S = 5.0
+#: The URL schemes asyncpg connects with.
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
 @attrs.frozen
@@ -46,7 +48,7 @@ class KeysSettings:
         section = config.section(SECTION)
         section.check_keys({"db_path", "db_url", "refresh_s"})
         db = section.get_str("db_path")
-        url = section.get_str("db_url")
+        url = section.get_url("db_url", schemes=POSTGRES_SCHEMES)
         refresh_s = section.get_float("refresh_s", DEFAULT_REFRESH_S, min=0.01, max=300)
         if url:
             if db:
@@ -55,7 +57,6 @@ class KeysSettings:
                     "db_path is set too: name one key database, a SQLite file (db_path) "
                     "or a PostgreSQL database (db_url), not both",
                 )
-            url = section.check_postgres_url("db_url", url)
             return cls(db_path=None, refresh_s=refresh_s, db_url=url)
         if not db:
             if section.written:

@@ -32,6 +32,12 @@ def prism_catalog_keys() -> CatalogKeys:
 
 
 @hookimpl
+def prism_traffic_kinds() -> tuple[str, ...]:
+    # The prober's calls (internal token) and prism preflight's (admin token).
+    return ("probe", "preflight")
+
+
+@hookimpl
 def prism_cli(commands: Commands) -> None:
     add_commands(commands)
 

@@ -160,7 +160,7 @@ async def test_operator_traffic_needs_the_admin_token_and_is_no_evidence(
         catalog,
         config={"admin_token_env": "PROBES_TEST_ADMIN"},
         sections={"breaker": {"policies": "consecutive", "consecutive_failures": 1}},
-        load_plugins=["openai", "breaker"],
+        load_plugins=["openai", "breaker", "probes"],
     )
     body = {"model": "x/up-x", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import attrs
 import pytest
+from prism_redis.testing import RedisUnderTest
 
-from prism_proxy.testing import GatewayUnderTest, RedisUnderTest, free_port
+from prism_proxy.testing import GatewayUnderTest, free_port
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 #: The breaker as these tests want it: quick to trip, slow to hand out a second trial.

@@ -9,8 +9,7 @@ from typing import Any
 
 import orjson
 from prism_fake_upstream import Fault
-
-from prism_proxy.testing import RedisUnderTest
+from prism_redis.testing import RedisUnderTest
 
 from .conftest import chat, get_json, two_line_catalog, until
 

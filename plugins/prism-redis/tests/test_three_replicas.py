@@ -13,8 +13,9 @@ import aiohttp
 import asyncpg
 import orjson
 from prism_fake_upstream import Fault
+from prism_redis.testing import RedisUnderTest
 
-from prism_proxy.testing import RedisUnderTest, free_port, installed_plugins, serve_process
+from prism_proxy.testing import free_port, installed_plugins, serve_process
 
 from .conftest import binding_state, chat, until
 
