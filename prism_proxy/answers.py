@@ -208,21 +208,13 @@ def _late_headers(call: Call, sent: dict[str, str]) -> bytes:
     return late.encode("latin-1", "replace")
 
 
-class _EventStream(DeferredHeadersResponse):
-    """A stream response whose headers leave with its first events, in one write.
-
-    aiohttp sends a stream's headers on ``prepare`` by default; a relay
-    prepares only at its commit point, with the first events already in
-    hand and written next, so sending them apart would cost a write and
-    gain the caller nothing.
-    """
-
-
 def stream_response(call: Call) -> tuple[web.StreamResponse, dict[str, str]]:
     """A stream's response with the x-prism headers known at its commit point."""
     headers = prism_headers(call)
     headers.update(STREAM_HEADERS)
-    return _EventStream(status=200, headers=headers), dict(call.response_headers)
+    # Its headers leave with the first events, in one write: a relay prepares
+    # only at its commit point, with those events in hand and written next.
+    return DeferredHeadersResponse(status=200, headers=headers), dict(call.response_headers)
 
 
 def access_fields(generation: Generation, call: Call, settlement: Settlement) -> dict[str, Any]:

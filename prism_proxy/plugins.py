@@ -14,7 +14,7 @@ import pluggy
 
 from . import hookspecs
 from .config import Config
-from .defaults import default_plugins
+from .defaults import DEFAULT_AUTH, default_plugins
 from .distribution import DISTRIBUTION
 from .errors import ConfigError
 from .orgs import OrgSetting, collect_org_settings
@@ -117,10 +117,6 @@ def _not_installed(name: str, spelt: Callable[[str], str], installed: set[str]) 
         f"no installed plugin is named {name!r} "
         f"({hint}installed: {', '.join(sorted(installed)) or 'none'})"
     )
-
-
-#: The core's ``prism_authenticate``, which accepts everyone as anonymous.
-DEFAULT_AUTH = "prism.default-auth"
 
 
 def authenticating_plugins(pm: pluggy.PluginManager) -> list[str]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from . import auth, classify, route, wires
 
+#: The name the core's ``prism_authenticate`` (everyone, as anonymous) is registered under.
+DEFAULT_AUTH = "prism.default-auth"
+
 
 def default_plugins() -> list[tuple[object, str]]:
     """The core's own plugins; ``classify`` registers each generation's classifier."""
     return [
-        (auth, "prism.default-auth"),
+        (auth, DEFAULT_AUTH),
         (route, "prism.default-route"),
         (classify, "prism.defaults"),
         (wires, "prism.default-wires"),

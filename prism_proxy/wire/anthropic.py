@@ -10,7 +10,7 @@ import orjson
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
-from .shape import ANTHROPIC_MEMBERS, anthropic_block
+from .shape import ANTHROPIC_MEMBERS, anthropic_block, bad
 
 __all__ = [
     "DONE_EVENT",
@@ -35,10 +35,6 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
-
-
-def _bad(code: str, message: str, param: str) -> PrismError:
-    return PrismError(400, code, message, param=param)
 
 
 #: The content block types a Messages request may carry; the upstream rejects
@@ -70,27 +66,27 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
     """Check a Messages API request; returns (model, stream)."""
     model = body.get("model")
     if "model" not in body:
-        raise _bad("missing_field", "'model' is required", "model")
+        raise bad("missing_field", "'model' is required", "model")
     if not isinstance(model, str) or not model:
-        raise _bad("invalid_type", "'model' must be a non-empty string", "model")
+        raise bad("invalid_type", "'model' must be a non-empty string", "model")
     if "max_tokens" not in body:
-        raise _bad("missing_field", "'max_tokens' is required", "max_tokens")
+        raise bad("missing_field", "'max_tokens' is required", "max_tokens")
     max_tokens = body["max_tokens"]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _bad(
+        raise bad(
             "invalid_value", "'max_tokens' must be a whole number of at least 1", "max_tokens"
         )
     if "messages" not in body:
-        raise _bad("missing_field", "'messages' is required", "messages")
+        raise bad("missing_field", "'messages' is required", "messages")
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
-        raise _bad("invalid_type", "'messages' must be a non-empty array of messages", "messages")
+        raise bad("invalid_type", "'messages' must be a non-empty array of messages", "messages")
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise _bad("invalid_type", f"'{where}' must be an object", where)
+            raise bad("invalid_type", f"'{where}' must be an object", where)
         if message.get("role") not in ("user", "assistant"):
-            raise _bad(
+            raise bad(
                 "invalid_value", f"'{where}.role' must be 'user' or 'assistant'", f"{where}.role"
             )
         content = message.get("content")
@@ -99,11 +95,11 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
                 kind = block.get("type") if isinstance(block, dict) else None
                 part = f"{where}.content[{part_index}]"
                 if not isinstance(kind, str):
-                    raise _bad(
+                    raise bad(
                         "invalid_type", f"'{part}' must be a content block with a type", part
                     )
                 if kind not in BLOCK_TYPES:
-                    raise _bad(
+                    raise bad(
                         "invalid_value",
                         f"'{part}.type' must be a known content block type "
                         f"({', '.join(sorted(BLOCK_TYPES))})",
@@ -111,17 +107,17 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
                     )
                 anthropic_block(block, kind, part)
         elif not isinstance(content, str):
-            raise _bad(
+            raise bad(
                 "invalid_type",
                 f"'{where}.content' must be a string or an array of content blocks",
                 f"{where}.content",
             )
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):
-        raise _bad("invalid_type", "'system' must be a string or an array of text blocks", "system")
+        raise bad("invalid_type", "'system' must be a string or an array of text blocks", "system")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise _bad("invalid_type", "'stream' must be true or false", "stream")
+        raise bad("invalid_type", "'stream' must be true or false", "stream")
     for key, types, what in (
         ("tools", (list,), "an array"),
         ("tool_choice", (dict,), "an object"),
@@ -133,7 +129,7 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
     ):
         value = body.get(key)
         if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-            raise _bad("invalid_type", f"'{key}' must be {what}", key)
+            raise bad("invalid_type", f"'{key}' must be {what}", key)
     for key, members in ANTHROPIC_MEMBERS.items():
         value = body.get(key)
         if value is not None:
@@ -252,9 +248,7 @@ def usage_update(previous: Usage | None, payload: Any) -> Usage | None:
     if kind == "message_start":
         message = payload.get("message")
         usage = message.get("usage") if isinstance(message, dict) else None
-    elif kind == "message_delta":
-        usage = payload.get("usage")
-    elif kind == "message":
+    elif kind in ("message_delta", "message"):
         usage = payload.get("usage")
     elif kind == "content_block_start":
         # The stream's report so far (message_start's) carries the mark to its end.

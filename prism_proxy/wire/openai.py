@@ -11,7 +11,7 @@ import orjson
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
 from .events import ChunkKind
-from .shape import CHAT_MEMBERS, openai_message, openai_part
+from .shape import CHAT_MEMBERS, bad, member, openai_message, openai_part
 
 __all__ = [
     "ChunkKind",
@@ -26,25 +26,12 @@ __all__ = [
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def _bad(code: str, message: str, param: str) -> PrismError:
-    return PrismError(400, code, message, param=param)
-
-
 def _require_str(body: dict[str, Any], key: str) -> str:
     if key not in body:
-        raise _bad("missing_field", f"'{key}' is required", key)
+        raise bad("missing_field", f"'{key}' is required", key)
     value = body[key]
     if not isinstance(value, str) or not value:
-        raise _bad("invalid_type", f"'{key}' must be a non-empty string", key)
-    return value
-
-
-def _optional(body: dict[str, Any], key: str, types: tuple[type, ...], what: str) -> Any:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise _bad("invalid_type", f"'{key}' must be {what}", key)
+        raise bad("invalid_type", f"'{key}' must be a non-empty string", key)
     return value
 
 
@@ -79,9 +66,9 @@ def _check_chat_fields(body: dict[str, Any]) -> None:
         if field is None:
             continue
         types, what = field
-        value = _optional(body, key, types, what)
+        value = member(body, key, "", types, what)
         if key in _AT_LEAST_ONE and value is not None and value < 1:
-            raise _bad("invalid_value", f"'{key}' must be at least 1", key)
+            raise bad("invalid_value", f"'{key}' must be at least 1", key)
         members = CHAT_MEMBERS.get(key)
         if members is not None and value is not None:
             members(value)
@@ -101,9 +88,9 @@ def _check_parts(parts: list[Any], where: str) -> None:
         kind = part.get("type") if isinstance(part, dict) else None
         at = f"{where}.content[{index}]"
         if not isinstance(kind, str):
-            raise _bad("invalid_type", f"'{at}' must be a content part with a type", at)
+            raise bad("invalid_type", f"'{at}' must be a content part with a type", at)
         if kind not in PART_TYPES:
-            raise _bad(
+            raise bad(
                 "invalid_value",
                 f"'{at}.type' must be one of {', '.join(sorted(PART_TYPES))}",
                 f"{at}.type",
@@ -113,12 +100,12 @@ def _check_parts(parts: list[Any], where: str) -> None:
 
 def _check_message(message: Any, where: str) -> None:
     if not isinstance(message, dict):
-        raise _bad("invalid_type", f"'{where}' must be an object", where)
+        raise bad("invalid_type", f"'{where}' must be an object", where)
     role = message.get("role")
     if not isinstance(role, str) or not role:
-        raise _bad("invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role")
+        raise bad("invalid_type", f"'{where}.role' must be a non-empty string", f"{where}.role")
     if role not in ROLES:
-        raise _bad(
+        raise bad(
             "invalid_value",
             f"'{where}.role' must be one of {', '.join(sorted(ROLES))}",
             f"{where}.role",
@@ -127,7 +114,7 @@ def _check_message(message: Any, where: str) -> None:
     if isinstance(content, list):
         _check_parts(content, where)
     elif content is not None and not isinstance(content, str):
-        raise _bad(
+        raise bad(
             "invalid_type",
             f"'{where}.content' must be a string or an array of content parts",
             f"{where}.content",
@@ -139,12 +126,12 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
     """Check a chat completion request; returns (model, stream, include_usage)."""
     model = _require_str(body, "model")
     if "messages" not in body:
-        raise _bad("missing_field", "'messages' is required", "messages")
+        raise bad("missing_field", "'messages' is required", "messages")
     messages = body["messages"]
     if not isinstance(messages, list):
-        raise _bad("invalid_type", "'messages' must be an array of message objects", "messages")
+        raise bad("invalid_type", "'messages' must be an array of message objects", "messages")
     if not messages:
-        raise _bad("invalid_value", "'messages' must contain at least one message", "messages")
+        raise bad("invalid_value", "'messages' must contain at least one message", "messages")
     for index, message in enumerate(messages):
         # Most messages pass these tests; the rest are judged, and named, one by one.
         if isinstance(message, dict):
@@ -163,7 +150,7 @@ def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool]:
     if options is not None:
         flag = options.get("include_usage")
         if flag is not None and not isinstance(flag, bool):
-            raise _bad(
+            raise bad(
                 "invalid_type",
                 "'stream_options.include_usage' must be true or false",
                 "stream_options.include_usage",
@@ -176,7 +163,7 @@ def validate_embeddings(body: dict[str, Any]) -> str:
     """Check an embeddings request; returns the model."""
     model = _require_str(body, "model")
     if "input" not in body:
-        raise _bad("missing_field", "'input' is required", "input")
+        raise bad("missing_field", "'input' is required", "input")
     value = body["input"]
     ok = isinstance(value, str) and value != ""
     if isinstance(value, list) and value:
@@ -191,19 +178,19 @@ def validate_embeddings(body: dict[str, Any]) -> str:
             )
         )
     if not ok:
-        raise _bad(
+        raise bad(
             "invalid_type",
             "'input' must be a non-empty string, array of strings, or array of token arrays",
             "input",
         )
-    fmt = _optional(body, "encoding_format", (str,), "a string")
+    fmt = member(body, "encoding_format", "", (str,), "a string")
     if fmt is not None and fmt not in ("float", "base64"):
-        raise _bad(
+        raise bad(
             "invalid_value", "'encoding_format' must be 'float' or 'base64'", "encoding_format"
         )
-    dims = _optional(body, "dimensions", (int,), "a whole number")
+    dims = member(body, "dimensions", "", (int,), "a whole number")
     if dims is not None and dims < 1:
-        raise _bad("invalid_value", "'dimensions' must be at least 1", "dimensions")
+        raise bad("invalid_value", "'dimensions' must be at least 1", "dimensions")
     return model
 
 

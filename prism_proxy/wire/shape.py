@@ -45,7 +45,8 @@ _BOOL: tuple[type, ...] = (bool,)
 _LIST: tuple[type, ...] = (list,)
 
 
-def _bad(code: str, message: str, param: str) -> PrismError:
+def bad(code: str, message: str, param: str) -> PrismError:
+    """A caller's 400, naming the field (``param``): every wire's request errors."""
     return PrismError(400, code, message, param=param)
 
 
@@ -75,7 +76,7 @@ def check_depth(body: dict[str, Any], raw: bytes) -> None:
     for key, value in body.items():
         if (type(value) is dict or type(value) is list) and deeper_than(value, MAX_DEPTH - 1):
             name = echo(key)  # any member, known or not: the caller's text
-            raise _bad(
+            raise bad(
                 "body_too_deep",
                 f"'{name}' nests arrays and objects more than {MAX_DEPTH} levels deep",
                 name,
@@ -83,10 +84,10 @@ def check_depth(body: dict[str, Any], raw: bytes) -> None:
 
 
 def _invalid(where: str, what: str) -> PrismError:
-    return _bad("invalid_type", f"'{where}' must be {what}", where)
+    return bad("invalid_type", f"'{where}' must be {what}", where)
 
 
-def _member(
+def member(
     holder: dict[str, Any],
     key: str,
     where: str,
@@ -94,15 +95,19 @@ def _member(
     what: str,
     required: bool = False,
 ) -> Any:
-    """``holder[key]`` when it is one of ``types`` (null counts as absent)."""
+    """``holder[key]`` when it is one of ``types`` (null counts as absent).
+
+    ``where`` is the holder's path (empty for the body itself); the member's
+    path is only spelt out for an error, so a passing body builds no strings.
+    """
     value = holder.get(key)
-    at = f"{where}.{key}"
     if value is None:
         if required:
-            raise _bad("missing_field", f"'{at}' is required", at)
+            at = f"{where}.{key}" if where else key
+            raise bad("missing_field", f"'{at}' is required", at)
         return None
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise _invalid(at, what)
+        raise _invalid(f"{where}.{key}" if where else key, what)
     return value
 
 
@@ -122,26 +127,26 @@ def _strings(value: list[Any], where: str) -> None:
 
 
 def _openai_function(function: dict[str, Any], where: str) -> None:
-    _member(function, "name", where, _STR, "a string", required=True)
-    _member(function, "description", where, _STR, "a string")
-    _member(function, "parameters", where, _DICT, "an object (a JSON Schema)")
+    member(function, "name", where, _STR, "a string", required=True)
+    member(function, "description", where, _STR, "a string")
+    member(function, "parameters", where, _DICT, "an object (a JSON Schema)")
 
 
 def _openai_tools(tools: list[Any]) -> None:
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         _object(tool, where)
-        if _member(tool, "type", where, _STR, "a string", required=True) == "function":
-            function = _member(tool, "function", where, _DICT, "an object", required=True)
+        if member(tool, "type", where, _STR, "a string", required=True) == "function":
+            function = member(tool, "function", where, _DICT, "an object", required=True)
             _openai_function(function, f"{where}.function")
 
 
 def _openai_tool_choice(choice: Any) -> None:
     if isinstance(choice, dict):
-        kind = _member(choice, "type", "tool_choice", _STR, "a string", required=True)
+        kind = member(choice, "type", "tool_choice", _STR, "a string", required=True)
         if kind == "function":
-            function = _member(choice, "function", "tool_choice", _DICT, "an object", required=True)
-            _member(function, "name", "tool_choice.function", _STR, "a string", required=True)
+            function = member(choice, "function", "tool_choice", _DICT, "an object", required=True)
+            member(function, "name", "tool_choice.function", _STR, "a string", required=True)
 
 
 def _stop(stop: Any) -> None:
@@ -150,7 +155,7 @@ def _stop(stop: Any) -> None:
 
 
 def _response_format(value: dict[str, Any]) -> None:
-    _member(value, "type", "response_format", _STR, "a string", required=True)
+    member(value, "type", "response_format", _STR, "a string", required=True)
 
 
 #: Chat fields (already of their top-level type) whose members are checked.
@@ -166,26 +171,26 @@ CHAT_MEMBERS: dict[str, Callable[[Any], None]] = {
 def openai_part(part: dict[str, Any], kind: str, where: str) -> None:
     """The members of a content part (already known to be a part of type ``kind``)."""
     if kind == "text":
-        _member(part, "text", where, _STR, "a string", required=True)
+        member(part, "text", where, _STR, "a string", required=True)
     elif kind == "image_url":
-        image = _member(part, "image_url", where, _DICT, "an object", required=True)
-        _member(image, "url", f"{where}.image_url", _STR, "a string", required=True)
+        image = member(part, "image_url", where, _DICT, "an object", required=True)
+        member(image, "url", f"{where}.image_url", _STR, "a string", required=True)
 
 
 def openai_message(message: dict[str, Any], role: str, where: str) -> None:
     """What an assistant or tool message carries besides its content."""
     if role == "assistant":
-        calls = _member(message, "tool_calls", where, _LIST, "an array of tool calls")
+        calls = member(message, "tool_calls", where, _LIST, "an array of tool calls")
         for index, call in enumerate(calls or ()):
             at = f"{where}.tool_calls[{index}]"
             _object(call, at)
-            _member(call, "id", at, _STR, "a string", required=True)
-            if _member(call, "type", at, _STR, "a string") in (None, "function"):
-                function = _member(call, "function", at, _DICT, "an object", required=True)
-                _member(function, "name", f"{at}.function", _STR, "a string", required=True)
-                _member(function, "arguments", f"{at}.function", _STR, "a string", required=True)
+            member(call, "id", at, _STR, "a string", required=True)
+            if member(call, "type", at, _STR, "a string") in (None, "function"):
+                function = member(call, "function", at, _DICT, "an object", required=True)
+                member(function, "name", f"{at}.function", _STR, "a string", required=True)
+                member(function, "arguments", f"{at}.function", _STR, "a string", required=True)
     elif role == "tool":
-        _member(message, "tool_call_id", where, _STR, "a string", required=True)
+        member(message, "tool_call_id", where, _STR, "a string", required=True)
 
 
 # -- Anthropic Messages --------------------------------------------------------
@@ -194,32 +199,32 @@ def openai_message(message: dict[str, Any], role: str, where: str) -> None:
 def _anthropic_text(block: Any, where: str) -> None:
     """A block of a system prompt or a tool result: an object, and text if it says so."""
     _object(block, where)
-    kind = _member(block, "type", where, _STR, "a string", required=True)
+    kind = member(block, "type", where, _STR, "a string", required=True)
     if kind == "text":
-        _member(block, "text", where, _STR, "a string", required=True)
+        member(block, "text", where, _STR, "a string", required=True)
 
 
 def anthropic_block(block: dict[str, Any], kind: str, where: str) -> None:
     """The members of a message's content block (already known to be of type ``kind``)."""
     if kind == "text":
-        _member(block, "text", where, _STR, "a string", required=True)
+        member(block, "text", where, _STR, "a string", required=True)
     elif kind == "image":
-        source = _member(block, "source", where, _DICT, "an object", required=True)
+        source = member(block, "source", where, _DICT, "an object", required=True)
         at = f"{where}.source"
-        source_type = _member(source, "type", at, _STR, "a string", required=True)
+        source_type = member(source, "type", at, _STR, "a string", required=True)
         if source_type == "base64":
-            _member(source, "media_type", at, _STR, "a string", required=True)
-            _member(source, "data", at, _STR, "a string", required=True)
+            member(source, "media_type", at, _STR, "a string", required=True)
+            member(source, "data", at, _STR, "a string", required=True)
         elif source_type == "url":
-            _member(source, "url", at, _STR, "a string", required=True)
+            member(source, "url", at, _STR, "a string", required=True)
     elif kind == "tool_use":
-        _member(block, "id", where, _STR, "a string", required=True)
-        _member(block, "name", where, _STR, "a string", required=True)
-        _member(block, "input", where, _DICT, "an object", required=True)
+        member(block, "id", where, _STR, "a string", required=True)
+        member(block, "name", where, _STR, "a string", required=True)
+        member(block, "input", where, _DICT, "an object", required=True)
     elif kind == "tool_result":
-        _member(block, "tool_use_id", where, _STR, "a string", required=True)
-        _member(block, "is_error", where, _BOOL, "true or false")
-        content = _member(
+        member(block, "tool_use_id", where, _STR, "a string", required=True)
+        member(block, "is_error", where, _BOOL, "true or false")
+        content = member(
             block, "content", where, (str, list), "a string or an array of content blocks"
         )
         if isinstance(content, list):
@@ -233,24 +238,24 @@ def _system(system: Any) -> None:
             where = f"system[{index}]"
             _anthropic_text(block, where)
             if block["type"] != "text":
-                raise _bad("invalid_value", f"'{where}.type' must be 'text'", f"{where}.type")
+                raise bad("invalid_value", f"'{where}.type' must be 'text'", f"{where}.type")
 
 
 def _anthropic_tools(tools: list[Any]) -> None:
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         _object(tool, where)
-        _member(tool, "type", where, _STR, "a string")
-        _member(tool, "name", where, _STR, "a string", required=True)
-        _member(tool, "description", where, _STR, "a string")
-        _member(tool, "input_schema", where, _DICT, "an object (a JSON Schema)")
+        member(tool, "type", where, _STR, "a string")
+        member(tool, "name", where, _STR, "a string", required=True)
+        member(tool, "description", where, _STR, "a string")
+        member(tool, "input_schema", where, _DICT, "an object (a JSON Schema)")
 
 
 def _anthropic_tool_choice(choice: dict[str, Any]) -> None:
-    kind = _member(choice, "type", "tool_choice", _STR, "a string", required=True)
+    kind = member(choice, "type", "tool_choice", _STR, "a string", required=True)
     if kind == "tool":
-        _member(choice, "name", "tool_choice", _STR, "a string", required=True)
-    _member(choice, "disable_parallel_tool_use", "tool_choice", _BOOL, "true or false")
+        member(choice, "name", "tool_choice", _STR, "a string", required=True)
+    member(choice, "disable_parallel_tool_use", "tool_choice", _BOOL, "true or false")
 
 
 #: Messages fields (already of their top-level type) whose members are checked.
@@ -259,5 +264,5 @@ ANTHROPIC_MEMBERS: dict[str, Callable[[Any], None]] = {
     "tools": _anthropic_tools,
     "tool_choice": _anthropic_tool_choice,
     "stop_sequences": lambda value: _strings(value, "stop_sequences"),
-    "metadata": lambda value: _member(value, "user_id", "metadata", _STR, "a string"),
+    "metadata": lambda value: member(value, "user_id", "metadata", _STR, "a string"),
 }

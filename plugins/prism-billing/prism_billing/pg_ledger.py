@@ -271,12 +271,7 @@ class PostgresLedgerWriter(GroupCommit):
     def report(self) -> dict[str, object]:
         """The ledger's state for ``/readyz``: no names, no paths, no reasons (those are logged)."""
         spool = self.spool
-        if self.direct:
-            state = "ok"
-        elif spool is not None and spool.can_take():
-            state = "spooling"
-        else:
-            state = "refusing"
+        state = "ok" if self.direct else "spooling" if self.can_take() else "refusing"
         facts: dict[str, object] = {"state": state}
         if spool is not None:
             facts["spool"] = spool.state()

@@ -174,7 +174,7 @@ class Spool:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="prism-billing-spool")
 
     def can_take(self) -> bool:
-        return self._fd is not None and self.broken is None and self.size < self.max_bytes
+        return self.state() == "ok"
 
     def state(self) -> str:
         """``ok``, ``full`` or ``unusable`` (its file gone, its disk failing)."""

@@ -60,9 +60,13 @@ class CallState:
 class CallAdmission:
     """The per-call half of the breaker: admission, attempt tags and evidence."""
 
+    @property
+    def settings(self) -> Settings:
+        """The machine's: one copy, which a reload replaces (``Breaker.adopt``)."""
+        return self.machine.settings
+
     def __init__(
         self,
-        settings: Settings,
         machine: Machine,
         overrides: OverrideBook,
         wall: WallClock,
@@ -73,7 +77,6 @@ class CallAdmission:
         after: Callable[[Transition | None], None],
         random: Callable[[], float],
     ) -> None:
-        self.settings = settings
         self.machine = machine
         self.overrides = overrides
         self.wall = wall

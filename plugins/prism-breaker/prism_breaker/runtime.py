@@ -26,7 +26,7 @@ from typing import Any
 
 from prism_proxy import AuditEntry, Binding, BreakerStore, Catalog, Fleet, Override
 
-from .admission import HEADER, CallAdmission
+from .admission import CallAdmission
 from .health import State, Transition
 from .machine import Machine
 from .overrides import OverrideBook, check_target, iso, new_override_id, subject
@@ -35,7 +35,7 @@ from .reports import health_report, scope_evidence
 from .settings import Settings
 from .sync import StoreSync
 
-__all__ = ["HEADER", "Breaker", "WallClock"]
+__all__ = ["Breaker"]
 
 log = logging.getLogger("prism.breaker")
 
@@ -74,7 +74,6 @@ class Breaker:
         self.fingerprints: dict[str, str] = {}
         self.sync = StoreSync(self)
         self.admission = CallAdmission(
-            settings,
             self.machine,
             self.overrides,
             self.wall,
@@ -91,7 +90,6 @@ class Breaker:
         """Judge by a new generation's settings and catalog; health and overrides stay."""
         self.settings = settings
         self.machine.settings = settings
-        self.admission.settings = settings
         self.catalog = catalog
         self.generation = generation
         self.fingerprints = {
