@@ -50,7 +50,7 @@ from .classification import (
 )
 from .clock import Clock, LoopClock, ManualClock, Timer
 from .commands import CheckLine, Command, Commands
-from .config import Config, Section, config_from_mapping, load_config, redact_url
+from .config import Config, config_from_mapping, load_config
 from .egress import ProxyError
 from .errors import ConfigError, PrismError
 from .gateway import GATEWAY, Gateway
@@ -71,19 +71,47 @@ from .providers import (
     normalise_params,
 )
 from .selflink import INTERNAL_HEADER, SelfLink
+from .services import (
+    BREAKER,
+    BREAKER_STORE,
+    CAPACITY,
+    SERVICES,
+    SHARED_STATE,
+    TELEMETRY,
+    Offer,
+    Service,
+    Services,
+    SharedState,
+    provide,
+)
+from .settings import (
+    Section,
+    Setting,
+    read_settings,
+    redact_url,
+    setting,
+    settings_of,
+    settings_table,
+)
 from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
 __all__ = [
     "ADMIN_HEADER",
     "ANONYMOUS",
+    "BREAKER",
     "BREAKER_ROLE",
+    "BREAKER_STORE",
+    "CAPACITY",
     "GATEWAY",
     "INTERNAL_HEADER",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
+    "SERVICES",
     "SERVING_OUTCOMES",
+    "SHARED_STATE",
     "STORE_ROLE",
+    "TELEMETRY",
     "WORKERS_DIR_ENV",
     "Attempt",
     "AuditEntry",
@@ -111,6 +139,7 @@ __all__ = [
     "HttpProvider",
     "ManualClock",
     "ModelSpec",
+    "Offer",
     "OrgSetting",
     "Outcome",
     "Override",
@@ -126,6 +155,10 @@ __all__ = [
     "Route",
     "SelfLink",
     "Section",
+    "Service",
+    "Services",
+    "SharedState",
+    "Setting",
     "Settlement",
     "Skip",
     "Slots",
@@ -158,7 +191,12 @@ __all__ = [
     "marker_code",
     "normalise_params",
     "parse_retry_after",
+    "provide",
     "percentile",
+    "read_settings",
     "redact_url",
     "require_admin",
+    "setting",
+    "settings_of",
+    "settings_table",
 ]

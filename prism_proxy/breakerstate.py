@@ -12,7 +12,7 @@ the records plain values.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -35,10 +35,11 @@ __all__ = [
     "StoredTransition",
 ]
 
-#: The name under which a plugin registers its :class:`StoreProvider` (tryfirst
-#: in ``prism_generation``, so it is there when the breaker looks).
+#: Deprecated: the name a plugin registered its :class:`StoreProvider` under before
+#: the ``BREAKER_STORE`` service (still read, with a warning, for one release).
 STORE_ROLE = "breaker.store"
-#: The name under which the breaker registers each generation's :class:`BreakerView`.
+#: The name prism-breaker registers each generation's hooks under (other plugins
+#: consume the ``BREAKER`` service instead of looking it up).
 BREAKER_ROLE = "breaker.runtime"
 
 OverrideKind = Literal["quarantine", "cap"]
@@ -268,8 +269,12 @@ class Fleet(Protocol):
         ...
 
 
+@runtime_checkable
 class StoreProvider(Protocol):
-    """A plugin's offer of a breaker store, registered under :data:`STORE_ROLE`."""
+    """A plugin's offer of a breaker store: the ``BREAKER_STORE`` service.
+
+    (Registering it under :data:`STORE_ROLE` is deprecated.)
+    """
 
     #: Identifies the store: breakers are kept per key across reloads.
     store_key: Hashable
@@ -279,8 +284,9 @@ class StoreProvider(Protocol):
         ...
 
 
+@runtime_checkable
 class BreakerView(Protocol):
-    """What other plugins may ask of the breaker, registered under :data:`BREAKER_ROLE`."""
+    """What other plugins may ask of the breaker: the ``BREAKER`` service."""
 
     #: What a probing plugin says of itself (allowance, pauses), shown in the health
     #: report; None: no probes.

@@ -6,8 +6,8 @@ that finds the line full moves to the next line at once, unless the line
 says ``queue_ms``: then it waits, in arrival order, for at most that long and
 never past what its call budget leaves for an attempt.  The counts are kept
 across reloads: calls in flight on an older generation still hold slots.
-Counting is per process; a plugin may put a subclass of :class:`Capacity`
-on ``generation.capacity`` whose :class:`Slots` count across a fleet.
+Counting is per process; a plugin may provide the ``CAPACITY`` service with a
+subclass of :class:`Capacity` whose :class:`Slots` count across a fleet.
 """
 
 from __future__ import annotations

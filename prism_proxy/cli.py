@@ -28,9 +28,10 @@ from .distribution import DISTRIBUTION
 from .errors import ConfigError
 from .gateway import GATEWAY
 from .logs import configure_logging
-from .plugins import describe_plugins, make_plugin_manager
+from .plugins import describe_plugins, described_sections, make_plugin_manager
 from .scaffold import add_scaffold_command
 from .server import LISTEN_SOCKETS, CannotListen, Listening, bind, close_sockets, run, serve
+from .settings import settings_table
 from .workers import Supervisor
 
 __all__ = ["main"]
@@ -111,6 +112,13 @@ def _main(argv: list[str]) -> int:
         _plugins,
         needs_config=False,
     )
+    settings = commands.add(
+        "settings",
+        "print every loaded plugin's settings (keys, types, defaults, meaning) as Markdown",
+        _settings,
+        needs_config=False,
+    )
+    settings.add_argument("section", nargs="?", help="only this section (prism, prism:breaker)")
     add_scaffold_command(commands)
     demo = commands.subparsers.add_parser(
         "demo", help="run a fake upstream and the gateway on the embedded demo configuration"
@@ -227,6 +235,10 @@ def _check(args: argparse.Namespace, config: Config) -> int:
         f"{len(catalog.models)} models"
     )
     print(f"plugins: {plugins}")
+    print(
+        "services: "
+        + ", ".join(f"{service.name}: {who}" for service, who in generation.services.listing())
+    )
     for name in sorted(config.disable):
         print(f"{name}: disabled by [prism] disable in {config.source}")
     # What the plugins depend on (their databases, Redis): a valid file that names
@@ -241,6 +253,22 @@ def _check(args: argparse.Namespace, config: Config) -> int:
             file=sys.stderr,
         )
         return 1
+    return 0
+
+
+def _settings(args: argparse.Namespace, config: Config) -> int:
+    sections = described_sections(config, make_plugin_manager(config))
+    wanted = args.section
+    if wanted is not None and wanted not in sections:
+        print(
+            f"prism settings: no loaded plugin describes [{wanted}] "
+            f"(described: {', '.join(sections)})",
+            file=sys.stderr,
+        )
+        return 2
+    for name, schema in sections.items():
+        if wanted in (None, name):
+            print(f"## [{name}]\n\n{settings_table(schema)}\n")
     return 0
 
 

@@ -1,9 +1,8 @@
-"""Finding and reading the configuration, the way pytest finds its own.
+"""The configuration: ``[prism]``'s settings, declared once on :class:`Config`, and
+every plugin's section with typed getters.
 
-Search order in a directory: ``prism.ini`` (section ``[prism]``), then
-``setup.cfg`` with a ``[prism]`` section, then ``pyproject.toml`` with a
-``[tool.prism]`` table; the first directory from the current one upwards
-that has one wins.  ``--config PATH`` skips the search, and so does the
+:func:`load_config` reads a file found the way pytest finds its own
+(:mod:`.configfiles`); ``--config PATH`` skips the search, and so does the
 environment variable ``PRISM_CONFIG`` when no ``--config`` is given.
 
 Each plugin reads its own section: ``[prism:<name>]`` in ini files,
@@ -12,19 +11,16 @@ Each plugin reads its own section: ``[prism:<name>]`` in ini files,
 
 from __future__ import annotations
 
-import configparser
 import os
-import re
-import tomllib
-import urllib.parse
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 
+from .configfiles import CONFIG_ENV, find_config, read_sections
 from .errors import ConfigError
+from .settings import Section, read_settings, setting
 
 __all__ = [
     "Config",
@@ -40,197 +36,6 @@ __all__ = [
 #: Connections the kernel queues before they are accepted, unless ``[prism] backlog`` says.
 DEFAULT_BACKLOG = 1024
 
-#: A section or table name that looks meant for Prism: ``prism`` in any case, then an
-#: optional separator and a plugin name (``Prism``, ``prism-billing``, ``prism.keys``).
-_LOOKS_LIKE_PRISM = re.compile(r"\s*prism\s*(?:[-_.:/ ]\s*(?P<plugin>\S.*?))?\s*", re.IGNORECASE)
-
-CORE_KEYS = frozenset(
-    {
-        "listen",
-        "catalog",
-        "disable",
-        "required_plugins",
-        "max_body_bytes",
-        "shutdown_grace_s",
-        "attempt_timeout_ms",
-        "log_level",
-        "log_format",
-        "permanent_markers",
-        "retries",
-        "backoff_base_ms",
-        "backoff_cap_ms",
-        "call_budget_ms",
-        "cross_tier_fallback",
-        "admin_token_env",
-        "workers",
-        "header_timeout_s",
-        "keepalive_timeout_s",
-        "max_connections",
-        "backlog",
-    }
-)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: safe to log or show."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        userinfo, _, host = parts.netloc.rpartition("@")
-        user = userinfo.partition(":")[0]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-    except ValueError:
-        # Unparsable (a bad port, say): show no more than the scheme.
-        return url.partition("://")[0] + "://***"
-
-
-@attrs.define
-class Section:
-    """One configuration section with typed getters that fail with a clear message.
-
-    Values come as strings from ini files and as native values from TOML;
-    every getter accepts both.
-    """
-
-    source: str
-    name: str
-    values: dict[str, Any] = attrs.field(factory=dict)
-    #: The operator wrote this section (even empty), as opposed to one made up for a
-    #: plugin that has none: a section written for a plugin it leaves off is a mistake.
-    written: bool = False
-
-    def _where(self, key: str) -> str:
-        return f"[{self.name}] {key}"
-
-    def error(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(self.source, self._where(key), problem)
-
-    def warning(self, key: str, problem: str) -> str:
-        """A WARNING line worded like :meth:`error`'s message (file, key, problem)."""
-        return str(self.error(key, problem))
-
-    def check_keys(self, known: Iterable[str]) -> None:
-        """Reject keys this section's owner does not know (typos stop start-up)."""
-        allowed = set(known)
-        for key in self.values:
-            if key not in allowed:
-                hint = ", ".join(sorted(allowed)) or "none"
-                raise self.error(key, f"unknown key (known keys: {hint})")
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.values
-
-    def get_str(self, key: str, default: str | None = None) -> str | None:
-        value = self.values.get(key, default)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {value!r}")
-        return value.strip()
-
-    def get_int(
-        self, key: str, default: int, *, min: int | None = None, max: int | None = None
-    ) -> int:
-        value = self.values.get(key, default)
-        if isinstance(value, bool):
-            raise self.error(key, f"expected a whole number, got {value!r}")
-        if isinstance(value, str):
-            try:
-                value = int(value.strip().replace("_", ""))
-            except ValueError:
-                raise self.error(key, f"expected a whole number, got {value!r}") from None
-        if not isinstance(value, int):
-            raise self.error(key, f"expected a whole number, got {value!r}")
-        self._bounds(key, value, min, max)
-        return value
-
-    def get_float(
-        self, key: str, default: float, *, min: float | None = None, max: float | None = None
-    ) -> float:
-        value = self.values.get(key, default)
-        if isinstance(value, bool):
-            raise self.error(key, f"expected a number, got {value!r}")
-        if isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise self.error(key, f"expected a number, got {value!r}") from None
-        if not isinstance(value, (int, float)):
-            raise self.error(key, f"expected a number, got {value!r}")
-        self._bounds(key, value, min, max)
-        return float(value)
-
-    def get_bool(self, key: str, default: bool) -> bool:
-        """``true`` or ``false`` (any case), or a TOML boolean; nothing else.
-
-        ``yes``/``on``/``1`` are refused rather than guessed at: ``enabled = 0``
-        read as true, or ``on`` read as false, would be a silent misconfiguration.
-        """
-        value = self.values.get(key, default)
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            lowered = value.strip().lower()
-            if lowered == "true":
-                return True
-            if lowered == "false":
-                return False
-        raise self.error(key, f"expected true or false, got {value!r}")
-
-    def get_list(self, key: str, default: Iterable[str] = ()) -> tuple[str, ...]:
-        """A list: comma- or newline-separated in ini files, an array in TOML."""
-        value = self.values.get(key)
-        if value is None:
-            return tuple(default)
-        if isinstance(value, str):
-            items = [item.strip() for line in value.splitlines() for item in line.split(",")]
-            return tuple(item for item in items if item)
-        if isinstance(value, list) and all(isinstance(item, str) for item in value):
-            return tuple(item.strip() for item in value)
-        raise self.error(key, f"expected a list of names, got {value!r}")
-
-    def get_url(self, key: str, *, schemes: Sequence[str]) -> str | None:
-        """The URL at ``key`` (None when unset or blank), checked to have one of ``schemes``.
-
-        A plugin names the schemes its client speaks (``("postgresql",
-        "postgres")``); a URL with another scheme, or a port that is no
-        number, is an error naming ``key`` that shows the URL without its
-        password.
-        """
-        url = self.get_str(key)
-        return self._check_url(key, url, schemes) if url else None
-
-    def check_postgres_url(self, key: str, url: str) -> str:
-        """Deprecated: ``get_url(key, schemes=("postgresql", "postgres"))``.
-
-        Kept for one release for plugins outside this repository.
-        """
-        warnings.warn(
-            "Section.check_postgres_url is deprecated; use "
-            'Section.get_url(key, schemes=("postgresql", "postgres"))',
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self._check_url(key, url, ("postgresql", "postgres"))
-
-    def _check_url(self, key: str, url: str, schemes: Sequence[str]) -> str:
-        scheme = url.partition("://")[0].lower() if "://" in url else ""
-        if scheme not in schemes:
-            wanted = " or ".join(f"{name}://" for name in schemes)
-            raise self.error(key, f"expected a {wanted} URL, got {redact_url(url)!r}")
-        try:
-            urllib.parse.urlsplit(url).port  # noqa: B018 - a bad port raises here, not later
-        except ValueError as exc:
-            raise self.error(key, f"{redact_url(url)}: {exc}") from None
-        return url
-
-    def _bounds(self, key: str, value: float, lo: float | None, hi: float | None) -> None:
-        if lo is not None and value < lo:
-            raise self.error(key, f"must be at least {lo}, got {value}")
-        if hi is not None and value > hi:
-            raise self.error(key, f"must be at most {hi}, got {value}")
-
 
 @attrs.frozen
 class Listen:
@@ -238,55 +43,226 @@ class Listen:
     port: int
 
 
+def _listen(section: Section, key: str, default: Listen) -> Listen:
+    if key not in section:
+        return default
+    return parse_listen(section, section.get_str(key) or "")
+
+
+def _log_level(section: Section, key: str, default: str) -> str:
+    level = (section.get_str(key, default) or default).upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise section.error(key, f"expected DEBUG, INFO, WARNING or ERROR, got {level!r}")
+    return level
+
+
+def _markers(section: Section, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    markers = section.get_list(key, default)
+    for marker in markers:
+        if marker.lower() == "quota":
+            raise section.error(
+                key,
+                "the bare word 'quota' would make per-minute rate limits permanent; "
+                "use a phrase that means money, e.g. 'exceeded your current quota'",
+            )
+    return tuple(marker.lower() for marker in markers)
+
+
+def _cross_tier_fallback(
+    section: Section, key: str, default: bool | Literal["caller"]
+) -> bool | Literal["caller"]:
+    value = section.values.get(key, default)
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text == "caller":
+        return "caller"
+    if text in ("true", "false"):
+        return section.get_bool(key, default=False)
+    raise section.error(key, f"expected true, false or caller, got {value!r}")
+
+
+def _workers(section: Section, key: str, default: int) -> int:
+    if key not in section:
+        return default
+    try:
+        return worker_count(section.values[key])
+    except ValueError as exc:
+        raise section.error(key, str(exc)) from None
+
+
 @attrs.define
 class Config:
     """The loaded configuration: core settings plus every plugin's raw section.
 
     ``source`` is the file it came from (or a description of where);
-    ``base_dir`` resolves relative paths such as ``catalog``.
+    ``base_dir`` resolves relative paths such as ``catalog``.  The fields
+    made with :func:`~prism_proxy.settings.setting` are the ``[prism]`` keys.
     """
 
     source: str
     base_dir: Path
     core: Section
     sections: dict[str, Section] = attrs.field(factory=dict)
-    catalog_path: Path | None = None
-    listen: Listen = Listen("127.0.0.1", 8400)
-    disable: tuple[str, ...] = ()
-    required_plugins: tuple[str, ...] = ()
-    max_body_bytes: int = 16 * 1024 * 1024
-    shutdown_grace_s: float = 30.0
-    attempt_timeout_ms: int = 60_000
-    log_level: str = "INFO"
-    #: ``text`` (default) or ``json`` (one object per line).
-    log_format: str = "text"
-    #: Extra billing/credential markers (lower-cased), added to the built-in narrow list.
-    permanent_markers: tuple[str, ...] = ()
-    #: Retries of one binding after its first try (models may override).
-    retries: int = 2
-    backoff_base_ms: int = 250
-    backoff_cap_ms: int = 8000
-    #: One time budget for every try of every binding of a call (models may override).
-    call_budget_ms: int = 120_000
-    #: True, False or ``"caller"``: only for calls that send ``x-prism-fallback: allow``.
-    cross_tier_fallback: bool | Literal["caller"] = False
-    #: The admin API's bearer token, read from the variable ``admin_token_env`` names.
-    admin_token: str | None = attrs.field(default=None, repr=False)
-    #: The variable ``[prism] admin_token_env`` names (None: not configured).
-    admin_token_env: str | None = None
-    #: A request's line and headers must arrive within this; a body may pause no longer.
-    header_timeout_s: float = 10.0
-    #: An idle keep-alive connection is closed after this.
-    keepalive_timeout_s: float = 75.0
-    #: Connections accepted at once; None: 45% of the open-file soft limit.
-    max_connections: int | None = None
-    #: Connections the kernel queues before the server accepts them (the kernel caps
-    #: it at ``net.core.somaxconn``).
-    backlog: int = DEFAULT_BACKLOG
-    #: ``prism serve`` processes on the port (``auto``: one per CPU).
-    workers: int = 1
     #: The catalog document, when the caller supplies it instead of a file.
     catalog_data: dict[str, Any] | None = None
+    #: The variable ``admin_token_env`` names, read when the configuration is loaded.
+    admin_token: str | None = attrs.field(default=None, repr=False)
+    listen: Listen = setting(
+        Listen("127.0.0.1", 8400),
+        help="`HOST:PORT` to listen on (`[::1]:8400` for IPv6)",
+        parse=_listen,
+        type_text="`HOST:PORT`",
+        default_text="`127.0.0.1:8400`",
+    )
+    catalog_path: Path | None = setting(
+        None,
+        key="catalog",
+        help="the model catalog TOML file, relative to the config file",
+        default_text="required",
+    )
+    disable: tuple[str, ...] = setting(
+        (), help="plugin names to block before they load (comma or newline separated)"
+    )
+    required_plugins: tuple[str, ...] = setting(
+        (), help="plugin names whose absence stops start-up"
+    )
+    max_body_bytes: int = setting(
+        16 * 1024 * 1024,
+        min=1024,
+        help="largest request body; larger gets 413 `body_too_large`",
+    )
+    attempt_timeout_ms: int = setting(
+        60_000,
+        min=1000,
+        help="per attempt: time to the first content (streams) or the whole body, kept to "
+        "within a tenth of a second (attempts due in the same tenth share one timer); callers "
+        "may change it per request with `x-prism-timeout-ms` "
+        "([prism-timeout-header](plugins/prism-timeout-header/README.md))",
+    )
+    retries: int = setting(
+        2,
+        min=0,
+        max=10,
+        help="retries of one binding after its first try, for transient failures, rate limits "
+        "and broken streams (a timeout is retried at most once)",
+    )
+    backoff_base_ms: int = setting(
+        250,
+        min=1,
+        help="retry n waits a uniformly random time in `[0, min(cap, base·2ⁿ))` (full "
+        "jitter), unless the upstream said `Retry-After` / `retry-after-ms`",
+    )
+    backoff_cap_ms: int = setting(
+        8000, min=1, help="the cap of that wait; at least `backoff_base_ms`"
+    )
+    call_budget_ms: int = setting(
+        120_000,
+        min=1000,
+        help="one budget for every try of every binding of a call; spent → 504 "
+        "`chain_deadline_exceeded`",
+    )
+    cross_tier_fallback: bool | Literal["caller"] = setting(
+        False,
+        help="allow models to fall back to their `fallback_models` (another tier): `true`, "
+        "`false`, or `caller` (only for calls that send `x-prism-fallback: allow`); anything "
+        "else stops start-up naming all three",
+        parse=_cross_tier_fallback,
+        type_text="`true`, `false` or `caller`",
+    )
+    shutdown_grace_s: float = setting(
+        30.0,
+        min=0,
+        help="on SIGTERM, how long in-flight calls (streams included) may finish; then their "
+        "connections are closed and they settle as aborted, so a drain never outlasts it. "
+        "From the signal on, `/readyz` says 503 and the gateway calls itself no more "
+        "(prism-probes sends no probes)",
+    )
+    permanent_markers: tuple[str, ...] = setting(
+        (),
+        help='extra body phrases that mean "out of money / bad credentials" (not the bare '
+        "word `quota`, which would make per-minute rate limits permanent)",
+        parse=_markers,
+        type_text="list",
+    )
+    log_level: str = setting(
+        "INFO",
+        help="how much the gateway logs",
+        parse=_log_level,
+        type_text="`DEBUG`, `INFO`, `WARNING` or `ERROR`",
+    )
+    log_format: Literal["text", "json"] = setting(
+        "text",
+        help="`json`: one JSON object per line (`ts`, `level`, `logger`, `message`); the "
+        "access line (logger `prism.calls`) carries `request_id`, `endpoint`, `model`, "
+        "`route`, `provider`, `upstream_model`, `region`, `org`, `key_id`, `status`, "
+        "`outcome`, `code`, `attempts`, `ttft_ms`, `finish_reason`, `duration_ms`, "
+        "`input_tokens`, `output_tokens` and what plugins add (`cost`); never prompt text, "
+        "keys or upstream bodies, and JSON escaping keeps every value on its line",
+    )
+    admin_token_env: str | None = setting(
+        None,
+        help="the environment variable holding the admin API's bearer token (plugins' admin "
+        "routes: `/prism/usage`, `/prism/breaker/...`); without it those routes answer 403 "
+        "`admin_disabled` (`prism serve` warns when the variable is not set)",
+    )
+    header_timeout_s: float = setting(
+        10.0,
+        min=0.1,
+        max=3600,
+        help="a connection must deliver each request's line and headers within this (from "
+        "its start, or from the first byte of a later request); a request body may pause no "
+        "longer between reads (then 408 `request_timeout` and the connection closes)",
+    )
+    keepalive_timeout_s: float = setting(
+        75.0, min=0.1, max=86400, help="an idle keep-alive connection is closed after this"
+    )
+    workers: int = setting(
+        1,
+        help="`prism serve` processes on the port (`auto`: one per CPU; `--workers N` "
+        "overrides): the supervisor holds the port and hands it to every worker, restarts a "
+        "worker that dies (backoff 1 s doubling to 30 s) and drains them all on SIGTERM (each "
+        "gets `shutdown_grace_s`, then 10 s to clean up before it is killed; the supervisor "
+        "exits 1, saying which, when a worker was killed or exited non-zero); SIGHUP reloads "
+        "every worker. Plugins whose state cannot be split refuse it at start-up: "
+        "prism-breaker does unless prism-redis shares its state. `max_concurrency` counts "
+        "per worker, or for the fleet with prism-redis",
+        parse=_workers,
+        type_text="whole number or `auto`",
+    )
+    max_connections: int | None = setting(
+        None,
+        min=1,
+        help="connections open at once; at it, a new connection takes the place of one still "
+        "waiting for its request head (see *Hostile clients*), else it gets 503 "
+        "`too_many_connections` and is closed at once, so the rest keep being served (the "
+        "limit in force is logged at start-up). Each caller's call in flight also holds an "
+        "upstream connection, so the default leaves the other half of the files for those: "
+        "the gateway never runs out of files and blames an upstream for it (and if other "
+        "file use exhausts them, the attempt is `cancelled` with `gateway_out_of_resources`, "
+        "never held against the upstream)",
+        default_text="45% of the open-file soft limit",
+    )
+    backlog: int = setting(
+        DEFAULT_BACKLOG,
+        min=1,
+        max=65535,
+        help="connections the kernel queues for the gateway before it accepts them (a burst "
+        "of new callers waits there instead of being refused); the kernel caps it at "
+        "`net.core.somaxconn`",
+    )
+    services: tuple[str, ...] = setting(
+        (),
+        help="`SERVICE:PLUGIN` pairs choosing the provider of a service two loaded plugins "
+        "offer (`capacity:redis`); see *Services* in the [plugin guide](docs/plugin-guide.md)",
+    )
+
+    def check(self, section: Section) -> None:
+        if self.backoff_cap_ms < self.backoff_base_ms:
+            raise section.error(
+                "backoff_cap_ms",
+                f"must be at least {self.backoff_base_ms}, got {self.backoff_cap_ms}",
+            )
 
     @property
     def state_dir(self) -> Path:
@@ -300,6 +276,39 @@ class Config:
         named = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
         return Path(named) if named else self.base_dir
 
+    def state_file(
+        self, section: Section, key: str, *, default_name: str, off: str, check: bool = True
+    ) -> Path | None:
+        """A plugin's state file: the path at ``key`` (relative to the configuration's
+        directory), else ``default_name`` in :attr:`state_dir`; None for ``off``.
+
+        A configuration built in memory (tests, embedding apps) has no file to
+        sit beside, so without ``key`` it keeps no file either: that also keeps
+        separate apps in one process from sharing one by accident.  ``check``
+        refuses a directory, a missing directory and one not writable, naming
+        ``key``.
+        """
+        raw = section.get_str(key)
+        if raw is None:
+            if not Path(self.source).is_file():
+                return None
+            raw = str(self.state_dir / default_name)
+        if not raw:
+            raise section.error(key, f"must not be empty (use {off} for no file)")
+        if raw == off:
+            return None
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            path = self.base_dir / path
+        if check:
+            if path.is_dir():
+                raise section.error(key, f"{path} is a directory, expected a file")
+            if not path.parent.is_dir():
+                raise section.error(key, f"directory {path.parent} does not exist")
+            if not os.access(path.parent, os.W_OK):
+                raise section.error(key, f"directory {path.parent} is not writable")
+        return path.resolve()
+
     def section(self, plugin_name: str) -> Section:
         """The plugin's own section (empty, and not ``written``, if the operator wrote none)."""
         found = self.sections.get(plugin_name)
@@ -307,43 +316,6 @@ class Config:
             found = Section(self.source, f"prism:{plugin_name}")
             self.sections[plugin_name] = found
         return found
-
-
-#: The configuration file to use when no ``--config`` is given, before any search.
-CONFIG_ENV = "PRISM_CONFIG"
-
-
-def find_config(start: Path | None = None) -> Path | None:
-    """The first config file from ``start`` upwards, or None."""
-    here = (start or Path.cwd()).resolve()
-    for directory in (here, *here.parents):
-        ini = directory / "prism.ini"
-        if ini.is_file():
-            return ini
-        cfg = directory / "setup.cfg"
-        if cfg.is_file() and _ini_has_prism(cfg):
-            return cfg
-        pyproject = directory / "pyproject.toml"
-        if pyproject.is_file() and _pyproject_has_prism(pyproject):
-            return pyproject
-    return None
-
-
-def _ini_has_prism(path: Path) -> bool:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path, encoding="utf-8")
-    except (configparser.Error, UnicodeDecodeError):
-        return False
-    return parser.has_section("prism")
-
-
-def _pyproject_has_prism(path: Path) -> bool:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return False
-    return "prism" in data.get("tool", {})
 
 
 def load_config(path: Path | str | None = None, *, start: Path | None = None) -> Config:
@@ -368,82 +340,8 @@ def load_config(path: Path | str | None = None, *, start: Path | None = None) ->
     source = str(path)
     if not path.is_file():
         raise ConfigError(source, "--config", "file not found")
-    if path.suffix == ".toml":
-        core, plugin_sections = _read_pyproject(path)
-    else:
-        core, plugin_sections = _read_ini(path)
+    core, plugin_sections = read_sections(path)
     return config_from_mapping(core, plugin_sections, source=source, base_dir=path.parent)
-
-
-def _read_ini(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(path, encoding="utf-8")
-    except configparser.Error as exc:
-        where, problem = _ini_mistake(exc)
-        raise ConfigError(str(path), where, f"not a valid ini file ({problem})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            str(path), "(file)", f"not a valid ini file (not UTF-8 text at byte {exc.start})"
-        ) from None
-    for name in parser.sections():
-        _check_spelling(str(path), name, "[{}]", ":")
-    if not parser.has_section("prism"):
-        raise ConfigError(str(path), "[prism]", "section missing")
-    core = dict(parser.items("prism"))
-    plugins = {
-        name.split(":", 1)[1]: dict(parser.items(name))
-        for name in parser.sections()
-        if name.startswith("prism:")
-    }
-    return core, plugins
-
-
-def _ini_mistake(exc: configparser.Error) -> tuple[str, str]:
-    """Where an ini file is broken (``line N``) and what is wrong, in words, without reprs."""
-    if isinstance(exc, configparser.MissingSectionHeaderError):
-        return f"line {exc.lineno}", "a key outside any section"
-    if isinstance(exc, configparser.DuplicateOptionError):
-        return f"line {exc.lineno}", f"[{exc.section}] {exc.option} is set twice"
-    if isinstance(exc, configparser.DuplicateSectionError):
-        return f"line {exc.lineno}", f"section [{exc.section}] appears twice"
-    if isinstance(exc, configparser.ParsingError) and exc.errors:
-        lines = [lineno for lineno, _ in exc.errors]
-        more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-        return f"line {lines[0]}", f"not a [section], a key = value or a comment{more}"
-    return "(file)", type(exc).__name__
-
-
-def _read_pyproject(path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from None
-    tool = data.get("tool", {})
-    for name in tool if isinstance(tool, dict) else ():
-        _check_spelling(str(path), name, "[tool.{}]", ".")
-    table = tool.get("prism")
-    if not isinstance(table, dict):
-        raise ConfigError(str(path), "[tool.prism]", "table missing")
-    core = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    plugins = {k: v for k, v in table.items() if isinstance(v, dict)}
-    return core, plugins
-
-
-def _check_spelling(source: str, name: str, shape: str, plugin_separator: str) -> None:
-    """Refuse a section (``shape`` spells it: ``[{}]``, ``[tool.{}]``) that looks meant for
-    Prism but is spelt otherwise, naming the right spelling: it would never be read."""
-    found = _LOOKS_LIKE_PRISM.fullmatch(name)
-    if found is None:
-        return
-    plugin = found.group("plugin")
-    right = "prism" if plugin is None else f"prism{plugin_separator}{plugin.lower()}"
-    if name == right:
-        return
-    what = "the core's section" if plugin is None else "a plugin's section"
-    raise ConfigError(
-        source, shape.format(name), f"never read: {what} is spelt {shape.format(right)}"
-    )
 
 
 def config_from_mapping(
@@ -456,9 +354,10 @@ def config_from_mapping(
 ) -> Config:
     """Build a Config from plain mappings (what files hold, or what tests write)."""
     core = Section(source, "prism", dict(core_values))
-    core.check_keys(CORE_KEYS)
     base = base_dir or Path.cwd()
-    config = Config(
+    config = read_settings(
+        Config,
+        core,
         source=source,
         base_dir=base,
         core=core,
@@ -468,76 +367,15 @@ def config_from_mapping(
         },
         catalog_data=catalog_data,
     )
-    catalog = core.get_str("catalog")
-    if catalog is None and catalog_data is None:
+    if config.catalog_path is None and catalog_data is None:
         raise core.error("catalog", "missing: name the model catalog TOML file")
-    if catalog is not None:
-        config.catalog_path = (base / catalog).resolve()
-    config.listen = parse_listen(core, core.get_str("listen", "127.0.0.1:8400") or "")
-    config.disable = core.get_list("disable")
-    config.required_plugins = core.get_list("required_plugins")
-    config.max_body_bytes = core.get_int("max_body_bytes", config.max_body_bytes, min=1024)
-    config.shutdown_grace_s = core.get_float("shutdown_grace_s", config.shutdown_grace_s, min=0)
-    config.attempt_timeout_ms = core.get_int(
-        "attempt_timeout_ms", config.attempt_timeout_ms, min=1000
-    )
-    level = (core.get_str("log_level", "INFO") or "INFO").upper()
-    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise core.error("log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {level!r}")
-    config.log_level = level
-    log_format = (core.get_str("log_format", "text") or "text").lower()
-    if log_format not in ("text", "json"):
-        raise core.error("log_format", f"expected text or json, got {log_format!r}")
-    config.log_format = log_format
-    markers = core.get_list("permanent_markers")
-    for marker in markers:
-        if marker.lower() == "quota":
-            raise core.error(
-                "permanent_markers",
-                "the bare word 'quota' would make per-minute rate limits permanent; "
-                "use a phrase that means money, e.g. 'exceeded your current quota'",
-            )
-    config.permanent_markers = tuple(marker.lower() for marker in markers)
-    config.retries = core.get_int("retries", config.retries, min=0, max=10)
-    config.backoff_base_ms = core.get_int("backoff_base_ms", config.backoff_base_ms, min=1)
-    config.backoff_cap_ms = core.get_int(
-        "backoff_cap_ms", config.backoff_cap_ms, min=config.backoff_base_ms
-    )
-    config.call_budget_ms = core.get_int("call_budget_ms", config.call_budget_ms, min=1000)
-    config.cross_tier_fallback = _cross_tier_fallback(core)
-    config.header_timeout_s = core.get_float(
-        "header_timeout_s", config.header_timeout_s, min=0.1, max=3600
-    )
-    config.keepalive_timeout_s = core.get_float(
-        "keepalive_timeout_s", config.keepalive_timeout_s, min=0.1, max=86400
-    )
-    if "max_connections" in core:
-        config.max_connections = core.get_int("max_connections", 0, min=1)
-    config.backlog = core.get_int("backlog", config.backlog, min=1, max=65535)
-    if "workers" in core:
-        try:
-            config.workers = worker_count(core.values["workers"])
-        except ValueError as exc:
-            raise core.error("workers", str(exc)) from None
-    token_env = core.get_str("admin_token_env")
-    if token_env:
+    if config.catalog_path is not None:
+        config.catalog_path = (base / config.catalog_path).resolve()
+    if config.admin_token_env:
         # An unset variable is no error here: `prism serve` warns that the
         # admin API stays off (see admin_token_unset), other commands stay quiet.
-        config.admin_token_env = token_env
-        config.admin_token = os.environ.get(token_env) or None
+        config.admin_token = os.environ.get(config.admin_token_env) or None
     return config
-
-
-def _cross_tier_fallback(core: Section) -> bool | Literal["caller"]:
-    value = core.values.get("cross_tier_fallback", False)
-    if isinstance(value, bool):
-        return value
-    text = value.strip().lower() if isinstance(value, str) else None
-    if text == "caller":
-        return "caller"
-    if text in ("true", "false"):
-        return text == "true"
-    raise core.error("cross_tier_fallback", f"expected true, false or caller, got {value!r}")
 
 
 def admin_token_unset(config: Config) -> str | None:

@@ -21,8 +21,17 @@ import contextlib
 import logging
 import os
 import random as random_module
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping
-from typing import Any, Protocol, TypeVar
+import warnings
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 import pluggy
@@ -44,6 +53,7 @@ from .plugins import (
 )
 from .providers import ParamProfile, Provider
 from .selflink import SelfLink
+from .services import CAPACITY, TELEMETRY, Offer, Services
 from .telemetry import Telemetry
 from .wire import Wires, default_wires
 
@@ -144,14 +154,18 @@ class Generation:
     providers: dict[str, Provider] = attrs.field(factory=dict)
     #: The organisation settings plugins declare (``prism_org_settings``), by name.
     org_settings: dict[str, OrgSetting] = attrs.field(factory=dict)
-    #: Capacity slots of lines with ``max_concurrency``, kept across generations.
-    capacity: Capacity = attrs.field(factory=Capacity)
+    #: Capacity slots of lines with ``max_concurrency`` (the ``CAPACITY`` service).
+    _capacity: Capacity = attrs.field(factory=Capacity)
     #: The attempts' deadlines (one timer per tenth of a second, not one per attempt).
     deadlines: Deadlines = attrs.field(
         default=attrs.Factory(lambda self: Deadlines(self.time), takes_self=True)
     )
-    #: Where plugins report measurements (a metrics plugin replaces the core's no-op).
-    telemetry: Telemetry = attrs.field(factory=Telemetry)
+    #: Where plugins report measurements (the ``TELEMETRY`` service).
+    _telemetry: Telemetry = attrs.field(factory=Telemetry)
+    #: What the plugins provide to each other (``prism_services``), typed.
+    services: Services = attrs.field(
+        default=attrs.Factory(lambda self: Services(self.config, self), takes_self=True)
+    )
     #: How the gateway reaches itself (shared by its generations).
     self_link: SelfLink = attrs.field(factory=SelfLink)
     #: The wire formats and translations the plugins registered (``prism_wires``).
@@ -170,10 +184,42 @@ class Generation:
     retired: bool = False
     #: Names of the objects plugins registered for this generation.
     objects: list[str] = attrs.field(factory=list)
+    #: Registered names other plugins should no longer look up, with what to use instead.
+    _deprecated_names: dict[str, str] = attrs.field(factory=dict)
     _hooks: Hooks | None = None
     _memos: dict[str, Any] = attrs.field(factory=dict)
     _running: list[AsyncIterator[None]] = attrs.field(factory=list)
     _stopped: asyncio.Event | None = None
+
+    @property
+    def capacity(self) -> Capacity:
+        """The ``CAPACITY`` service, read on every attempt (hence kept on an attribute)."""
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value: Capacity) -> None:
+        warnings.warn(
+            "assigning generation.capacity is deprecated: provide the CAPACITY service "
+            "from prism_services (provide(CAPACITY, make))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._capacity = value
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The ``TELEMETRY`` service."""
+        return self._telemetry
+
+    @telemetry.setter
+    def telemetry(self, value: Telemetry) -> None:
+        warnings.warn(
+            "assigning generation.telemetry is deprecated: provide the TELEMETRY service "
+            "from prism_services (provide(TELEMETRY, make))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._telemetry = value
 
     @property
     def hooks(self) -> Hooks:
@@ -181,12 +227,16 @@ class Generation:
             self._hooks = Hooks.of(self.pm, trace=bool(os.environ.get(TRACE_ENV)))
         return self._hooks
 
-    def register(self, plugin: object, name: str) -> None:
+    def register(self, plugin: object, name: str, *, deprecated: str | None = None) -> None:
         """Register a plugin's object for this generation, checked as at start-up.
 
         An unknown ``prism_*`` hook name on it (``prism_setle``) stops the
-        build with a configuration error naming the plugin.
+        build with a configuration error naming the plugin.  ``deprecated``
+        says what other plugins should use instead of looking the object up
+        by ``name`` (:meth:`plugin` then warns them).
         """
+        if deprecated is not None:
+            self._deprecated_names[name] = deprecated
         self.pm.register(plugin, name)
         try:
             self.pm.check_pending()
@@ -205,7 +255,18 @@ class Generation:
         )
 
     def plugin(self, name: str) -> Any:
-        """The object registered under ``name`` in this generation, or None."""
+        """The object registered under ``name`` in this generation, or None.
+
+        For a plugin's own objects: what plugins share goes through
+        :attr:`services`.
+        """
+        instead = self._deprecated_names.get(name)
+        if instead is not None:
+            warnings.warn(
+                f"generation.plugin({name!r}) is deprecated: {instead}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return self.pm.get_plugin(name)
 
     def keep(self, key: Hashable, make: Callable[[], L]) -> L:
@@ -319,8 +380,11 @@ def build_generation(
         counters=counters if counters is not None else collections.Counter(),
         self_link=self_link if self_link is not None else SelfLink(),
     )
-    generation.capacity = generation.keep(("prism.capacity",), Capacity)
     try:
+        generation.services = Services.collect(config, generation, _offers(pm, generation))
+        # Read on every call: resolved once, before any plugin builds its objects.
+        generation._capacity = generation.services.require(CAPACITY, by="core")
+        generation._telemetry = generation.services.require(TELEMETRY, by="core")
         pm.hook.prism_generation(generation=generation)
     except BaseException:
         generation.keeper.abandon(number)
@@ -333,6 +397,20 @@ def build_generation(
     if os.environ.get(TRACE_ENV):
         trace_hooks(pm)
     return generation
+
+
+def _offers(
+    pm: pluggy.PluginManager, generation: Generation
+) -> Iterator[tuple[str, Iterable[Offer[Any]]]]:
+    """Every plugin's ``prism_services`` answer, with the plugin's name.
+
+    Each implementation is called on its own (not through the hook caller)
+    because the answer must be credited to the plugin that gave it.
+    """
+    for impl in pm.hook.prism_services.get_hookimpls():
+        answer = impl.function(**{name: generation for name in impl.argnames})
+        if answer is not None:
+            yield impl.plugin_name, cast("Iterable[Offer[Any]]", answer)
 
 
 def traffic_kinds(config: Config, pm: pluggy.PluginManager) -> frozenset[str]:

@@ -23,7 +23,7 @@ these specs, and their types from these annotations.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .generation import Generation
     from .orgs import OrgSetting
     from .providers import ParamProfile, ProviderFactory
+    from .services import Offer
     from .wire import Translation, Wire
 
 hookspec = pluggy.HookspecMarker("prism_proxy")
@@ -60,6 +61,27 @@ def prism_generation(generation: Generation) -> None:
     never starts it): open what you need in a ``generation.cleanup_ctx``
     entry, and hold what must survive a reload (stores, writers, rings)
     through ``generation.keep(key, make)``.  Fan-out.
+    """
+
+
+@hookspec
+def prism_services(generation: Generation) -> Iterable[Offer[Any]] | None:
+    """Offer the services this plugin provides to the others, before anyone consumes one.
+
+    Called for every generation, before any ``prism_generation``.  Return
+    ``[provide(SERVICE, make), ...]`` for the services the core declares
+    (``prism_proxy.SERVICES``: ``CAPACITY``, ``TELEMETRY``, ``BREAKER_STORE``,
+    ``BREAKER``, ``SHARED_STATE``), or None when this configuration leaves
+    the plugin inactive.  ``make()`` runs at most once per generation, the
+    first time a consumer asks (``generation.services.get(SERVICE)``); it may
+    ask for other services and use ``generation.keep``, and like
+    ``prism_generation`` it touches no file and no network.  Its result must
+    be an instance of the service's type.
+
+    Two plugins offering one service stop the build naming both, unless
+    ``[prism] services`` chooses one (``services = capacity:redis``).  So no
+    plugin needs to be called before another: do not mark this hook
+    ``tryfirst`` or ``trylast``.  Fan-out.
     """
 
 
@@ -117,6 +139,21 @@ def prism_traffic_kinds() -> Iterable[str] | None:
     cannot be registered.  Static, asked once per generation (the set is
     ``generation.traffic_kinds``).  Fan-out; two plugins naming one kind
     share it (the kind is a label, not an owner's resource).
+    """
+
+
+@hookspec
+def prism_settings() -> Mapping[str, type[Any]] | None:
+    """Describe this plugin's configuration sections: ``{"breaker": Settings}``.
+
+    Each class declares its keys with ``prism_proxy.setting`` (name, type,
+    default, bounds, help) and the plugin reads its section with
+    ``read_settings(Settings, config.section("breaker"))``: unknown keys,
+    wrong types and out-of-bound values stop start-up with a message naming
+    the key.  The same description is what ``prism settings`` prints and what
+    the plugin's README shows between ``<!-- settings: prism:breaker -->`` and
+    ``<!-- /settings -->`` (``settings_table(Settings)``).  Static.  Fan-out;
+    a section described twice is an error.
     """
 
 
@@ -288,6 +325,13 @@ def prism_call_start(call: Call) -> None:
     ``call.attempt_timeout_s``, ``call.timeout_retry``, ``call.metadata``,
     ``call.extensions[...]`` and add ``call.response_headers``; may raise
     ``PrismError`` to refuse the call with a 4xx.  Fan-out.
+
+    Order: an implementation that refuses on what the caller may do at all
+    (prism-keys: a key without the model's scope) is ``tryfirst``, so such a
+    caller always sees that refusal, never another plugin's.  Every other
+    implementation must not depend on the order: a call refused here is
+    still settled, so what an implementation reserved it gives back in
+    ``prism_settle``.
     """
 
 
@@ -304,6 +348,12 @@ def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
     chosen route, e.g. a breaker skipping open bindings; record what you
     left out in ``route.skipped`` and why in ``route.notes``.  Synchronous and
     cheap: no I/O.  First result wins.
+
+    Order: plain wrappers (breaker, scoring, billing) reorder or skip and
+    must not depend on each other's order.  A wrapper that enforces a policy
+    no other choice may undo (prism-regions: where a call may be served) is
+    ``tryfirst``: the outermost wrapper, it sees every other wrapper's route.
+    One such policy wrapper per deployment.
     """
 
 

@@ -7,7 +7,7 @@ import importlib.metadata
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import attrs
 import pluggy
@@ -175,6 +175,19 @@ def provider_kinds(config: Config, pm: pluggy.PluginManager) -> dict[str, Provid
                 )
             kinds[kind] = factory
     return kinds
+
+
+def described_sections(config: Config, pm: pluggy.PluginManager) -> dict[str, type[Any]]:
+    """Every described section, ``prism`` (the core's) first, by section name
+    (``prism:breaker``); a section two plugins describe is a configuration error."""
+    sections: dict[str, type[Any]] = {"prism": Config}
+    for answer in pm.hook.prism_settings():
+        for name, schema in (answer or {}).items():
+            section = f"prism:{name}"
+            if section in sections:
+                raise ConfigError(config.source, f"[{section}]", "described by two plugins")
+            sections[section] = schema
+    return sections
 
 
 def param_profiles(config: Config, pm: pluggy.PluginManager) -> dict[str, ParamProfile]:

@@ -1,11 +1,11 @@
 """Measurements plugins report, for whichever plugin exports them (prism-metrics: Prometheus).
 
 A plugin that measures something only it can see (the ledger's commit time,
-the cost it billed, a key it refused) reports it on ``generation.telemetry``;
-the core's own :class:`Telemetry` drops everything, so reporting costs a
-method call when no exporter is installed.  An exporter puts a subclass there
-in a ``tryfirst`` ``prism_generation`` (so it is in place when the others
-look), usually kept across generations so kept objects keep reporting to it.
+the cost it billed, a key it refused) reports it on the ``TELEMETRY`` service
+(also ``generation.telemetry``); the core's own :class:`Telemetry` drops
+everything, so reporting costs a method call when no exporter is installed.
+An exporter provides a subclass as the service, usually kept across
+generations so kept objects keep reporting to it.
 """
 
 from __future__ import annotations

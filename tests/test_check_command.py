@@ -65,6 +65,10 @@ async def test_check_reaches_postgresql_and_redis_and_writes_nothing(
     assert line(out, "shared state") == (
         f"shared state: on, Redis {prism_redis.url} (prefix {prism_redis.prefix}): reachable"
     )
+    assert line(out, "services") == (
+        "services: capacity: redis, telemetry: metrics, breaker-store: redis, "
+        "breaker: breaker, shared-state: redis"
+    )
     # Read-only: no table in the database, no key in Redis.
     conn = await asyncpg.connect(prism_postgres)
     try:

@@ -9,6 +9,7 @@ generations, one per ledger.
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from typing import Any
 
 from aiohttp import web
 
@@ -22,7 +23,7 @@ from .export import add_ledger_command
 from .ledger import LedgerWriter
 from .pg_ledger import PostgresLedgerWriter
 from .prices import PriceBook, price_lines
-from .settings import BillingSettings
+from .settings import PLUGIN_NAME, BillingSettings
 from .spool import Spool
 from .usage_api import USAGE_PATH, usage_handler
 
@@ -110,3 +111,8 @@ def prism_cli(commands: Commands) -> None:
 @hookimpl
 def prism_app_setup(app: web.Application, config: Config) -> None:
     app.router.add_get(USAGE_PATH, usage_handler)
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {PLUGIN_NAME: BillingSettings}

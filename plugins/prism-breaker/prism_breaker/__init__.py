@@ -19,9 +19,9 @@ from prism_proxy import (
 
 from .admission import HEADER
 from .health import Admission, Observation, Snapshot, State, Transition
+from .hooks import BreakerHooks, breaker_of, hooks_of
 from .machine import Machine
 from .overrides import OverrideError
-from .plugin import BreakerHooks, breaker_of
 from .runtime import Breaker
 from .settings import Settings
 from .sqlite_store import SqliteStore
@@ -50,5 +50,6 @@ __all__ = [
     "StoredTransition",
     "Transition",
     "breaker_of",
+    "hooks_of",
     "percentile",
 ]

@@ -21,7 +21,6 @@ from typing import Any
 import orjson
 
 from prism_proxy import (
-    BREAKER_ROLE,
     GATEWAY,
     AuditEntry,
     BreakerStore,
@@ -32,6 +31,7 @@ from prism_proxy import (
     create_app,
 )
 
+from .hooks import hooks_of
 from .overrides import (
     OverrideError,
     audit_subjects,
@@ -108,7 +108,7 @@ def _why(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace, config: Config) -> int:
     generation = create_app(config)[GATEWAY].current
-    hooks = generation.plugin(BREAKER_ROLE)
+    hooks = hooks_of(generation)
     if hooks is None:
         print(f"prism breaker: {config.source}: the breaker is disabled", file=sys.stderr)
         return 2

@@ -14,8 +14,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from prism_proxy import BREAKER_ROLE, GATEWAY, PrismError, admin_handler, require_admin
+from prism_proxy import GATEWAY, PrismError, admin_handler, require_admin
 
+from .hooks import breaker_of
 from .overrides import OverrideError, audit_subjects, build_override, override_json
 from .reports import audit_json
 from .runtime import Breaker
@@ -35,10 +36,9 @@ def add_routes(app: web.Application) -> None:
 
 def _breaker(request: web.Request) -> Breaker:
     """The breaker of the generation serving now."""
-    hooks = request.app[GATEWAY].current.plugin(BREAKER_ROLE)
-    if hooks is None:
+    breaker = breaker_of(request.app[GATEWAY].current)
+    if breaker is None:
         raise PrismError(404, "breaker_off", "the breaker plugin is not active")
-    breaker: Breaker = hooks.breaker
     return breaker
 
 

@@ -175,8 +175,7 @@ class KeysAuth:
             return None  # another authentication plugin answered for this caller
         return grants.allows_model(model.name)
 
-    # tryfirst: refuse on scope before other plugins spend effort on the call.
-    @hookimpl(tryfirst=True)
+    @hookimpl(tryfirst=True)  # the contract's refusal on who the caller is: first
     def prism_call_start(self, call: Call) -> None:
         if call.model is None or self.prism_model_allowed(call, call.model) is not False:
             return

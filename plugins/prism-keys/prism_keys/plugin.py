@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
+from typing import Any
 
 from prism_proxy import CheckLine, Commands, Generation, hookimpl
 
@@ -12,7 +13,7 @@ from .check import check_keys
 from .cli import add_commands
 from .keyring import KeyRing
 from .pg_store import PgKeyStore
-from .settings import KeysSettings
+from .settings import SECTION, KeysSettings
 from .store import KeyStore
 
 __all__ = ["AUTH_PLUGIN_NAME", "ring_of"]
@@ -64,3 +65,8 @@ def ring_of(generation: Generation) -> KeyRing | None:
     """The key ring ``generation`` authenticates with (None: keys are not configured)."""
     auth = generation.plugin(AUTH_PLUGIN_NAME)
     return auth.ring if isinstance(auth, KeysAuth) else None
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {SECTION: KeysSettings}

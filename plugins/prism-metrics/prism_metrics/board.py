@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 from aiohttp_sse import sse_response
 
-from prism_proxy import BREAKER_ROLE, GATEWAY, BreakerView, Generation, is_admin
+from prism_proxy import BREAKER, GATEWAY, BreakerView, Generation, is_admin
 
 __all__ = ["COOKIE", "LOOK_S", "add_board_routes", "board_snapshot"]
 
@@ -78,7 +78,7 @@ def _admin(request: web.Request) -> bool:
 
 def board_snapshot(generation: Generation, *, with_text: bool) -> dict[str, Any]:
     """Tiles grouped by region, then model; banners; no wall clock (it changes nothing)."""
-    breaker: BreakerView | None = generation.plugin(BREAKER_ROLE)
+    breaker: BreakerView | None = generation.services.get(BREAKER)
     health = breaker.health(with_text=with_text) if breaker is not None else None
     entries = {e["binding"]: e for e in health["bindings"]} if health else {}
     catalog = generation.catalog

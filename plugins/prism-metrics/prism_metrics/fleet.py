@@ -9,21 +9,15 @@ need not have been at the same instant).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
-from prism_proxy import Generation
+from prism_proxy import SharedState
 
 from .capacity import CapacityRule, minutes_in
 
-__all__ = ["exchange_peaks", "shared_link"]
+__all__ = ["exchange_peaks"]
 
 
-def shared_link(generation: Generation) -> Any:
-    """prism-redis's link to Redis (registered as ``redis.link``), or None without it."""
-    return getattr(generation.plugin("redis.link"), "shared", None)
-
-
-async def exchange_peaks(shared: Any, rule: CapacityRule) -> None:
+async def exchange_peaks(shared: SharedState, rule: CapacityRule) -> None:
     if not shared.healthy:
         rule.peaks.others.clear()  # local-only until Redis answers again
         return

@@ -14,7 +14,7 @@ from typing import Any
 import cachetools
 
 from prism_proxy import (
-    BREAKER_ROLE,
+    BREAKER,
     SERVING_OUTCOMES,
     Attempt,
     Binding,
@@ -169,7 +169,7 @@ class MetricsHooks:
         else:
             self._end(attempt)  # a serving attempt stays in flight until the call settles
 
-    @hookimpl(trylast=True)  # after the others: their settlements (billing) are done
+    @hookimpl
     def prism_settle(self, call: Call, settlement: Settlement) -> None:
         for attempt in call.attempts:
             self._end(attempt)
@@ -232,7 +232,7 @@ class MetricsHooks:
         """Set what is read, not counted: breaker states and windows, shared state, events."""
         generation = self.generation
         m = self.exporter.metrics
-        breaker: BreakerView | None = generation.plugin(BREAKER_ROLE)
+        breaker: BreakerView | None = generation.services.get(BREAKER)
         if breaker is not None:
             health = breaker.health(with_text=False)
             for entry in health["bindings"]:

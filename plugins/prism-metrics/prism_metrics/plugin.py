@@ -1,8 +1,5 @@
-"""The prism_proxy entry point ``metrics``: ``GET /metrics`` and the per-call hooks.
-
-``tryfirst`` in ``prism_generation``: the exporter must be on
-``generation.telemetry`` before the other plugins hand it to their objects.
-"""
+"""The prism_proxy entry point ``metrics``: ``GET /metrics``, the per-call hooks, and the
+``TELEMETRY`` service (the Prometheus exporter every plugin reports to)."""
 
 from __future__ import annotations
 
@@ -14,15 +11,27 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_proxy import GATEWAY, Commands, Config, Generation, background, hookimpl
+from prism_proxy import (
+    GATEWAY,
+    SHARED_STATE,
+    TELEMETRY,
+    Commands,
+    Config,
+    Generation,
+    Offer,
+    SharedState,
+    background,
+    hookimpl,
+    provide,
+)
 
 from .board import add_board_routes
 from .capacity import CapacityRule, Peaks
 from .cli import add_commands
 from .exporter import CONTENT_TYPE, Exporter
-from .fleet import exchange_peaks, shared_link
+from .fleet import exchange_peaks
 from .hooks import MetricsHooks
-from .settings import MetricsSettings
+from .settings import SECTION, MetricsSettings
 
 __all__ = ["HOOKS_NAME", "metrics_of"]
 
@@ -37,23 +46,35 @@ SYNC_S = 1.0
 FOLD_S = 0.25
 
 
-@hookimpl(tryfirst=True)
-def prism_generation(generation: Generation) -> None:
+@hookimpl
+def prism_services(generation: Generation) -> list[Offer[Any]]:
+    return [provide(TELEMETRY, lambda: _exporter(generation))]
+
+
+def _exporter(generation: Generation) -> Exporter:
     settings = MetricsSettings.from_config(generation.config)
     # Kept across generations: its counters must never go back to zero.
-    exporter = generation.keep(
+    return generation.keep(
         ("metrics", settings.org_label), lambda: Exporter(org_label=settings.org_label)
     )
-    generation.telemetry = exporter
+
+
+@hookimpl
+def prism_generation(generation: Generation) -> None:
+    settings = MetricsSettings.from_config(generation.config)
+    exporter = generation.services.get(TELEMETRY)
+    if not isinstance(exporter, Exporter):
+        return  # the operator chose another plugin's exporter: nothing here to serve
     peaks = generation.keep(("metrics.peaks",), lambda: Peaks(generation.clock))
     rule = CapacityRule(generation.catalog, peaks, settings.capacity_window_s, settings.capacity_k)
     hooks = MetricsHooks(exporter, generation, rule)
     generation.register(hooks, HOOKS_NAME)
     generation.register(rule, CAPACITY_NAME)
-    generation.cleanup_ctx.append(lambda: _sync(hooks, shared_link(generation)))
+    shared = generation.services.get(SHARED_STATE)
+    generation.cleanup_ctx.append(lambda: _sync(hooks, shared))
 
 
-async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
+async def _sync(hooks: MetricsHooks, shared: SharedState | None) -> AsyncIterator[None]:
     """While the generation serves, keep this worker's read-at-scrape values current
     (and, with prism-redis, the fleet's capacity peaks)."""
 
@@ -82,6 +103,11 @@ async def _sync(hooks: MetricsHooks, shared: Any) -> AsyncIterator[None]:
 def metrics_of(generation: Generation) -> MetricsHooks | None:
     hooks = generation.plugin(HOOKS_NAME)
     return hooks if isinstance(hooks, MetricsHooks) else None
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {SECTION: MetricsSettings}
 
 
 @hookimpl

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from prism_fake_upstream import Fault
 
-from prism_proxy import GATEWAY
+from prism_proxy import GATEWAY, SHARED_STATE
 
 from .conftest import chat, samples, scrape, value
 
@@ -224,6 +225,6 @@ async def test_shared_state_up_follows_redis(prism_fake, prism_gateway, prism_re
         load_plugins=["openai", "breaker", "redis", "metrics"],
     )
     assert value(await scrape(gw.url), "prism_shared_state_up") == 1
-    link = gw.app[GATEWAY].current.plugin("redis.link")
-    link.shared.failed(OSError("gone"))  # as a failed command would mark it
+    shared: Any = gw.app[GATEWAY].current.services.get(SHARED_STATE)
+    shared.failed(OSError("gone"))  # as a failed command would mark it
     assert value(await scrape(gw.url), "prism_shared_state_up") == 0

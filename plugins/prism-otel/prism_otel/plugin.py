@@ -9,6 +9,7 @@ global tracer provider: its spans go to its own.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,7 +18,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from prism_proxy import Call, Catalog, Generation, Settlement, hookimpl
 
-from .settings import OtelSettings
+from .settings import SECTION, OtelSettings
 from .spans import record_call
 
 __all__ = ["HOOKS_NAME", "OtelHooks", "Tracing", "tracing_of"]
@@ -63,7 +64,7 @@ class OtelHooks:
     def provider(self) -> TracerProvider:
         return self.tracing.provider
 
-    @hookimpl(trylast=True)  # after the others settled: billing's cost, the breaker's marks
+    @hookimpl
     def prism_settle(self, call: Call, settlement: Settlement) -> Awaitable[None] | None:
         t = self.tracing
         record_call(t.provider, t.propagator, self.catalog, self.clock, call, settlement)
@@ -82,3 +83,8 @@ def prism_generation(generation: Generation) -> None:
 def tracing_of(generation: Generation) -> OtelHooks | None:
     hooks = generation.plugin(HOOKS_NAME)
     return hooks if isinstance(hooks, OtelHooks) else None
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {SECTION: OtelSettings}

@@ -1,4 +1,4 @@
-"""``[prism:otel]``: where spans go."""
+"""``[prism:otel]``: where spans go, described once on :class:`OtelSettings`."""
 
 from __future__ import annotations
 
@@ -6,23 +6,47 @@ import logging
 
 import attrs
 
-from prism_proxy import Config, redact_url
+from prism_proxy import Config, Section, read_settings, redact_url, setting
 
 __all__ = ["SECTION", "OtelSettings"]
 
 log = logging.getLogger("prism.otel")
 
 SECTION = "otel"
-_KEYS = frozenset({"endpoint", "enabled", "service_name", "batch_delay_ms"})
+
+
+def _endpoint(section: Section, key: str, default: str | None) -> str | None:
+    endpoint = section.get_str(key, default)
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise section.error(
+            key, f"expected an http(s) URL of an OTLP/HTTP receiver, got {redact_url(endpoint)!r}"
+        )
+    return endpoint
+
+
+def _name(section: Section, key: str, default: str) -> str:
+    return section.get_str(key, default) or default  # blank: the default, not a nameless service
 
 
 @attrs.frozen
 class OtelSettings:
-    #: OTLP/HTTP traces endpoint (``http://collector:4318/v1/traces``); None: no export.
-    endpoint: str | None = None
-    service_name: str = "prism"
-    #: How long spans wait to be sent in a batch.
-    batch_delay_ms: int = 5000
+    #: None: no export (spans only for a processor an embedding app adds).
+    endpoint: str | None = setting(
+        None,
+        help="an OTLP/HTTP traces receiver, e.g. `http://collector:4318/v1/traces`; spans are "
+        "batched and sent there",
+        parse=_endpoint,
+        type_text="`http://` or `https://` URL",
+    )
+    enabled: bool = setting(
+        False,
+        help="make spans without an `endpoint` (an embedding app or a test adds its own span "
+        "processor to `tracing_of(generation).provider`)",
+    )
+    service_name: str = setting("prism", help="the `service.name` resource attribute", parse=_name)
+    batch_delay_ms: int = setting(
+        5000, min=10, max=60_000, help="how long spans wait to be sent in a batch"
+    )
 
     @classmethod
     def from_config(cls, config: Config) -> OtelSettings | None:
@@ -32,14 +56,8 @@ class OtelSettings:
         a WARNING, not an error: traces are worth a loud line, not an outage.
         """
         section = config.section(SECTION)
-        section.check_keys(_KEYS)
-        endpoint = section.get_str("endpoint")
-        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-            raise section.error(
-                "endpoint",
-                f"expected an http(s) URL of an OTLP/HTTP receiver, got {redact_url(endpoint)!r}",
-            )
-        if endpoint is None and not section.get_bool("enabled", False):
+        settings = read_settings(cls, section)
+        if settings.endpoint is None and not settings.enabled:
             if section.written and "enabled" not in section:
                 log.warning(
                     "%s",
@@ -51,8 +69,4 @@ class OtelSettings:
                     ),
                 )
             return None
-        return cls(
-            endpoint=endpoint,
-            service_name=section.get_str("service_name") or "prism",
-            batch_delay_ms=section.get_int("batch_delay_ms", 5000, min=10, max=60_000),
-        )
+        return settings

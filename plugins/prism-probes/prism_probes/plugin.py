@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prism_proxy import CatalogKeys, Commands, ConfigError, Generation, hookimpl
 
 from .fixtures import PROBE_KINDS
 from .preflight import add_commands
 from .prober import Prober, Spend
-from .settings import ProbeSettings
+from .settings import SECTION, ProbeSettings
 
 PROBER_NAME = "probes.prober"
 
@@ -23,6 +25,11 @@ def prism_generation(generation: Generation) -> None:
     prober = Prober(settings, generation, spend)
     generation.cleanup_ctx.append(prober.serving)
     generation.register(prober, PROBER_NAME)
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {SECTION: ProbeSettings}
 
 
 @hookimpl

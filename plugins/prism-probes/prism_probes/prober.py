@@ -30,8 +30,9 @@ import aiohttp
 import attrs
 
 from prism_proxy import (
-    BREAKER_ROLE,
+    BREAKER,
     INTERNAL_HEADER,
+    SHARED_STATE,
     Binding,
     BreakerView,
     Generation,
@@ -132,7 +133,7 @@ class Prober:
         return self.generation.self_link.draining or self.generation.retired
 
     async def round(self, session: aiohttp.ClientSession) -> None:
-        breaker: BreakerView | None = self.generation.plugin(BREAKER_ROLE)
+        breaker: BreakerView | None = self.generation.services.get(BREAKER)
         url = self.generation.self_link.url
         if breaker is None or url is None or self.standing_down():
             return
@@ -247,7 +248,7 @@ class Prober:
 
     async def _fleet_turn(self, binding: Binding) -> bool:
         """With prism-redis: is it this gateway's turn to probe ``binding`` this interval?"""
-        shared = _shared(self.generation)
+        shared = self.generation.services.get(SHARED_STATE)
         if shared is None or not shared.healthy:
             return True  # alone, or the fleet unreachable: our own interval decides
         interval = self.settings.interval_s
@@ -267,7 +268,3 @@ class Prober:
         except Exception:
             return True  # prism-redis marked itself degraded; probe on our own
 
-
-def _shared(generation: Generation) -> Any:
-    """prism-redis's link to Redis (registered as ``redis.link``), or None without it."""
-    return getattr(generation.plugin("redis.link"), "shared", None)

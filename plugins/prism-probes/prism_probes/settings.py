@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from prism_proxy import Config, Section
+from prism_proxy import Config, Section, read_settings, setting
 
 from .fixtures import load_bodies
 
@@ -17,30 +17,41 @@ __all__ = ["SECTION", "ProbeSettings"]
 log = logging.getLogger("prism.probes")
 
 SECTION = "probes"
-_KEYS = frozenset(
-    {
-        "enabled",
-        "interval_s",
-        "max_concurrent",
-        "deadline_ms",
-        "first_token_ms",
-        "allowance_per_hour",
-        "probe_opens_trial",
-        "fixtures",
-    }
-)
 
 
 @attrs.frozen
 class ProbeSettings:
-    interval_s: float = 30.0
-    max_concurrent: int = 2
-    deadline_ms: int = 15_000
-    first_token_ms: int = 5_000
-    #: In the catalog's currency, priced from each line's own price.
-    allowance_per_hour: float = 1.0
-    probe_opens_trial: bool = True
-    #: Fixture requests replacing the shipped ones, by fixture name (``fixtures = FILE``).
+    enabled: bool = setting(
+        False,
+        help="probes spend money: they run only when asked for (a section that tunes probes "
+        "without `enabled` gets a WARNING that probes are off, not an error: the gateway "
+        "serves as well without them)",
+    )
+    interval_s: float = setting(
+        30.0,
+        min=0.05,
+        max=86400.0,
+        help="how often lines are looked at (and, with Redis, probed at most once across the "
+        "fleet)",
+    )
+    max_concurrent: int = setting(2, min=1, max=64, help="probes in flight at once")
+    deadline_ms: int = setting(15_000, min=100, max=600_000, help="one fixture's whole call")
+    first_token_ms: int = setting(
+        5_000, min=1, max=600_000, help="a fixture whose first token comes later fails"
+    )
+    allowance_per_hour: float = setting(
+        1.0, min=0.0, help="catalog currency per clock hour, priced from each line's `price`"
+    )
+    probe_opens_trial: bool = setting(
+        True, help="a passing probe opens an isolated line's trial early"
+    )
+    fixtures: Path | None = setting(
+        None,
+        help="a TOML file of fixture requests (*The fixtures* below), relative to the "
+        "configuration",
+        default_text="the shipped ones",
+    )
+    #: Fixture requests replacing the shipped ones, by fixture name (read from ``fixtures``).
     bodies: dict[str, dict[str, Any]] = attrs.field(factory=dict, hash=False)
 
     @classmethod
@@ -51,8 +62,8 @@ class ProbeSettings:
         (not an error: the gateway serves as well without probes).
         """
         section = config.section(SECTION)
-        section.check_keys(_KEYS)
-        if not section.get_bool("enabled", False):
+        settings = read_settings(cls, section)
+        if not settings.enabled:
             if section.written and "enabled" not in section:
                 log.warning(
                     "%s",
@@ -63,22 +74,14 @@ class ProbeSettings:
                     ),
                 )
             return None
-        return cls(
-            interval_s=section.get_float("interval_s", 30.0, min=0.05, max=86400.0),
-            max_concurrent=section.get_int("max_concurrent", 2, min=1, max=64),
-            deadline_ms=section.get_int("deadline_ms", 15_000, min=100, max=600_000),
-            first_token_ms=section.get_int("first_token_ms", 5_000, min=1, max=600_000),
-            allowance_per_hour=section.get_float("allowance_per_hour", 1.0, min=0.0),
-            probe_opens_trial=section.get_bool("probe_opens_trial", True),
-            bodies=_bodies(config, section),
-        )
+        if settings.fixtures is None:
+            return settings
+        return attrs.evolve(settings, bodies=_bodies(config, section, settings.fixtures))
 
 
-def _bodies(config: Config, section: Section) -> dict[str, dict[str, Any]]:
-    raw = section.get_str("fixtures")
-    if raw is None:
-        return {}
-    path = Path(raw).expanduser()
+def _bodies(config: Config, section: Section, raw: Path) -> dict[str, dict[str, Any]]:
+    # The file is read only for probes that run: a disabled section costs no I/O.
+    path = raw.expanduser()
     if not path.is_absolute():
         path = config.base_dir / path
     try:

@@ -44,7 +44,12 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
 
 
 class SharedRedis:
-    """The client, the health flag, the change channel and fire-and-forget writes."""
+    """The client, the health flag, the change channel and fire-and-forget writes.
+
+    The ``SHARED_STATE`` service (a :class:`prism_proxy.SharedState`).
+    """
+
+    engine = "redis"
 
     def __init__(
         self, settings: RedisSettings, counters: collections.Counter[str] | None = None

@@ -1,22 +1,32 @@
 """The prism_proxy entry point ``redis``: share the breaker and line capacity through Redis.
 
-Inactive without ``[prism:redis] url``.  With it, each generation gets the
-kept link to Redis, the fleet-wide capacity, and a breaker store offered to
-prism-breaker under ``breaker.store`` (hence ``tryfirst``: it must be there
-before the breaker looks).
+Inactive without ``[prism:redis] url``.  With it, each generation is offered
+three services on the kept link to Redis: ``SHARED_STATE`` (the link),
+``CAPACITY`` (slots counted fleet-wide) and ``BREAKER_STORE``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Hashable, Mapping
+from typing import Any
 
-from prism_proxy import STORE_ROLE, BreakerStore, CheckLine, Generation, hookimpl
+from prism_proxy import (
+    BREAKER_STORE,
+    CAPACITY,
+    SHARED_STATE,
+    BreakerStore,
+    CheckLine,
+    Generation,
+    Offer,
+    hookimpl,
+    provide,
+)
 
 from .breaker_store import RedisBreakerStore
 from .capacity import FleetCapacity
 from .check import check_redis
 from .connection import SharedRedis
-from .settings import RedisSettings
+from .settings import SECTION, RedisSettings
 
 __all__ = ["LINK_NAME", "RedisLink", "StoreOffer", "link_of"]
 
@@ -24,16 +34,45 @@ __all__ = ["LINK_NAME", "RedisLink", "StoreOffer", "link_of"]
 LINK_NAME = "redis.link"
 
 
-@hookimpl(tryfirst=True)
-def prism_generation(generation: Generation) -> None:
+@hookimpl
+def prism_services(generation: Generation) -> list[Offer[Any]] | None:
     settings = RedisSettings.from_config(generation.config)
     if settings is None:
-        return
+        return None
     where = (settings.url, settings.key_prefix)
-    shared = generation.keep(("redis", *where), lambda: SharedRedis(settings, generation.counters))
-    generation.capacity = generation.keep(("redis.capacity", *where), lambda: FleetCapacity(shared))
-    generation.register(RedisLink(shared), LINK_NAME)
-    generation.register(StoreOffer(shared, ("redis", *where)), STORE_ROLE)
+
+    def shared() -> SharedRedis:
+        return generation.keep(
+            ("redis", *where), lambda: SharedRedis(settings, generation.counters)
+        )
+
+    return [
+        provide(SHARED_STATE, shared),
+        provide(
+            CAPACITY,
+            lambda: generation.keep(("redis.capacity", *where), lambda: FleetCapacity(shared())),
+        ),
+        provide(BREAKER_STORE, lambda: StoreOffer(shared(), ("redis", *where))),
+    ]
+
+
+@hookimpl
+def prism_generation(generation: Generation) -> None:
+    shared = generation.services.get(SHARED_STATE)
+    if not isinstance(shared, SharedRedis):
+        return  # inactive, or the operator chose another engine's link
+    # What /readyz says of the link.  Looking it up by name is how plugins found the
+    # link before services; kept for one release.
+    generation.register(
+        RedisLink(shared),
+        LINK_NAME,
+        deprecated="use generation.services.get(prism_proxy.SHARED_STATE)",
+    )
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {SECTION: RedisSettings}
 
 
 @hookimpl

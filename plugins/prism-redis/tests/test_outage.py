@@ -186,9 +186,7 @@ async def test_sigterm_with_redis_down_drains_and_says_once_what_was_not_shared(
     assert "Traceback" not in text and "hunter2-secret" not in text
 
 
-async def test_workers_with_probes_and_redis_down_each_drain_within_the_grace(
-    prism_fake, tmp_path
-):
+async def test_workers_with_probes_and_redis_down_each_drain_within_the_grace(prism_fake, tmp_path):
     port, grace = free_port(), 3
     redis_url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: Redis is down
     extra = (

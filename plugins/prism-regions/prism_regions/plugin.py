@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator
+from typing import Any
 
 from prism_proxy import (
     Binding,
@@ -58,6 +59,11 @@ _UNSET = object()
 
 
 @hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {PLUGIN_NAME: Settings}
+
+
+@hookimpl
 def prism_org_settings() -> list[OrgSetting]:
     return [OrgSetting(SETTING, parse_regions, SETTING_HELP, doubts=unserved_regions)]
 
@@ -72,10 +78,7 @@ def unserved_regions(regions: frozenset[str], catalog: Catalog) -> list[str]:
     ]
 
 
-# trylast: this plugin's object is registered after the other plugins' objects,
-# so that its tryfirst route wrapper is the outermost of all (pluggy calls the
-# tryfirst wrapper registered last first) and sees every other wrapper's choice.
-@hookimpl(trylast=True)
+@hookimpl
 def prism_generation(generation: Generation) -> None:
     settings = Settings.from_config(generation.config)
     warn_unserved(generation, settings)
@@ -167,7 +170,7 @@ class RegionPolicy:
             param="model",
         )
 
-    @hookimpl(wrapper=True, tryfirst=True)
+    @hookimpl(wrapper=True, tryfirst=True)  # the contract's policy wrapper: outermost
     def prism_select_route(
         self, call: Call, model: ModelSpec
     ) -> Generator[None, Route | None, Route | None]:
@@ -190,9 +193,8 @@ class RegionPolicy:
             route.notes.append(_nothing_left(allowed))
         return route
 
-    @hookimpl(tryfirst=True)
+    @hookimpl
     def prism_admit_attempt(self, call: Call, binding: Binding) -> str | None:
-        # tryfirst: a veto here stops the call before the breaker reserves a trial for it.
         allowed = call.extensions.get(EXTENSION, _UNSET)
         if allowed is None:
             return None

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from prism_proxy import Config, Generation, is_region
+from prism_proxy import Config, Generation, Section, is_region, read_settings, setting
 
 __all__ = [
     "DEFAULT_KEY",
@@ -39,7 +39,6 @@ SETTING_HELP = (
     "(eu-west-1,eu-central-1); empty: anywhere"
 )
 DEFAULT_KEY = "default"
-_KEYS = frozenset({DEFAULT_KEY})
 #: How much of a name that is not a region an error message quotes.
 _QUOTE = 64
 
@@ -86,6 +85,15 @@ def regions_of(value: object) -> frozenset[str] | None:
     return found or None
 
 
+def _default_regions(section: Section, key: str, default: None) -> frozenset[str] | None:
+    try:
+        found = _checked(section.get_list(key))
+    except ValueError as exc:
+        raise section.error(key, str(exc)) from None
+    # Empty (``default =``, ``default = []``) is unrestricted, as an absent key is.
+    return found or default
+
+
 @attrs.frozen
 class Settings:
     """``[prism:regions]``: ``default``, the regions of callers without an organisation.
@@ -93,18 +101,18 @@ class Settings:
     None: unrestricted (no ``default``, or an empty one).
     """
 
-    default: frozenset[str] | None = None
+    default: frozenset[str] | None = setting(
+        None,
+        help="the regions callers without an organisation may be served from (comma list, "
+        "a TOML array in `pyproject.toml`; region names as the catalog spells them: "
+        "`eu-west-1`, `europe-west4`); unset or empty: anywhere",
+        parse=_default_regions,
+        type_text="list of region names",
+    )
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
-        section = config.section(PLUGIN_NAME)
-        section.check_keys(_KEYS)
-        names = section.get_list(DEFAULT_KEY)
-        try:
-            default = _checked(names)
-        except ValueError as exc:
-            raise section.error(DEFAULT_KEY, str(exc)) from None
-        return cls(default=default or None)
+        return read_settings(cls, config.section(PLUGIN_NAME))
 
 
 def served_regions(generation: Generation) -> frozenset[str]:

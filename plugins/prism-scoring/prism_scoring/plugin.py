@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from typing import Any
 
 from prism_proxy import (
     Attempt,
@@ -41,6 +42,11 @@ _ERRORS = frozenset(
 )
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _OK = Outcome.OK
+
+
+@hookimpl
+def prism_settings() -> dict[str, type[Any]]:
+    return {PLUGIN_NAME: Settings}
 
 
 @hookimpl

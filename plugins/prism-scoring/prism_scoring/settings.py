@@ -9,7 +9,17 @@ from typing import Any
 
 import attrs
 
-from prism_proxy import Binding, Catalog, Config, ConfigError, Generation
+from prism_proxy import (
+    Binding,
+    Catalog,
+    Config,
+    ConfigError,
+    Generation,
+    Section,
+    read_settings,
+    setting,
+    settings_of,
+)
 
 __all__ = [
     "GROUP_KEY",
@@ -25,36 +35,36 @@ GROUP_KEY = "group"
 WEIGHT_KEY = "weight"
 #: Group names go into the attempt record (a response header): header-safe tokens.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_SETTINGS = frozenset({"half_life_s", "error_penalty_ms"})
-DEFAULT_HALF_LIFE_S = 60.0
-DEFAULT_ERROR_PENALTY_MS = 2000.0
 
 
 @attrs.frozen
 class Settings:
-    """How scores are kept and compared.
+    """How scores are kept and compared (the *Settings* of the README say why these defaults)."""
 
-    ``half_life_s``: a sample's influence halves every this many seconds of
-    the gateway clock.  ``error_penalty_ms``: the latency one unit of error
-    rate is worth (a line failing every attempt scores this much worse than
-    an equally fast one that never fails).
-    """
-
-    half_life_s: float = DEFAULT_HALF_LIFE_S
-    error_penalty_ms: float = DEFAULT_ERROR_PENALTY_MS
+    half_life_s: float = setting(
+        60.0,
+        min=1.0,
+        max=86_400.0,
+        help="a sample's influence halves every this many seconds of the gateway clock",
+    )
+    error_penalty_ms: float = setting(
+        2000.0,
+        min=0.0,
+        max=600_000.0,
+        help="the latency one unit of error rate is worth: a line failing every attempt scores "
+        "this much worse than an equally fast one that never fails (`0`: errors do not count)",
+    )
 
     @classmethod
     def from_config(cls, config: Config) -> Settings:
-        section = config.section(PLUGIN_NAME)
-        section.check_keys(_SETTINGS)
-        half_life_s = section.get_float("half_life_s", DEFAULT_HALF_LIFE_S, min=1.0, max=86_400.0)
-        penalty = section.get_float(
-            "error_penalty_ms", DEFAULT_ERROR_PENALTY_MS, min=0.0, max=600_000.0
-        )
-        for key, value in (("half_life_s", half_life_s), ("error_penalty_ms", penalty)):
+        return read_settings(cls, config.section(PLUGIN_NAME))
+
+    def check(self, section: Section) -> None:
+        # NaN passes every bound (each comparison is false) and would poison every score.
+        for key, spec in settings_of(Settings).items():
+            value = getattr(self, spec.name)
             if not math.isfinite(value):
                 raise section.error(key, f"expected a finite number, got {value!r}")
-        return cls(half_life_s=half_life_s, error_penalty_ms=penalty)
 
 
 @attrs.frozen
