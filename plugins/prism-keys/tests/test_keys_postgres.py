@@ -235,6 +235,8 @@ def test_unreachable_database_is_reported_without_the_password(tmp_path, capsys)
         (f"db_url = postgresql://u:{PASSWORD}@h:notaport/db\n", r"\[prism:keys\] db_url: "),
         ("db_url = \nrefresh_s = 1\n", r"\[prism:keys\] db_path: missing"),
     ],
+    # Ids without the random password: every xdist worker must collect the same names.
+    ids=["db-path-and-url", "not-postgresql", "bad-port", "no-db-path"],
 )
 def test_configuration_mistakes_stop_start_up(tmp_path, capsys, section, message):
     ini = write_ini(tmp_path, section)
