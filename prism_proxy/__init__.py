@@ -5,6 +5,7 @@ else.  Everything in submodules not re-exported here is private and may
 change without notice.
 """
 
+from .accounting import output_cap
 from .admin import ADMIN_HEADER, admin_handler, is_admin, require_admin
 from .answers import error_response
 from .app import create_app
@@ -52,11 +53,13 @@ from .clock import Clock, LoopClock, ManualClock, Timer
 from .commands import CheckLine, Command, Commands
 from .config import Config, config_from_mapping, load_config
 from .egress import ProxyError
+from .endpoints import authenticated_call
 from .errors import ConfigError, PrismError
+from .gate import prompt_tokens
 from .gateway import GATEWAY, Gateway
 from .generation import Generation
 from .hookimpl import hookimpl
-from .orgs import OrgSetting
+from .orgs import OrgSetting, per_model_name, split_setting_name
 from .percentiles import percentile
 from .plugins import authenticating_plugins, declared_org_settings
 from .providers import (
@@ -75,8 +78,10 @@ from .services import (
     BREAKER,
     BREAKER_STORE,
     CAPACITY,
+    PRICING,
     SERVICES,
     SHARED_STATE,
+    SPEND,
     TELEMETRY,
     Offer,
     Service,
@@ -93,6 +98,7 @@ from .settings import (
     settings_of,
     settings_table,
 )
+from .spend import NANOS, Pricing, Spend, SpendLedger, SpendTotals
 from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
@@ -105,11 +111,14 @@ __all__ = [
     "CAPACITY",
     "GATEWAY",
     "INTERNAL_HEADER",
+    "NANOS",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
+    "PRICING",
     "SERVICES",
     "SERVING_OUTCOMES",
     "SHARED_STATE",
+    "SPEND",
     "STORE_ROLE",
     "TELEMETRY",
     "WORKERS_DIR_ENV",
@@ -146,6 +155,7 @@ __all__ = [
     "OverrideKind",
     "OverrideScope",
     "ParamProfile",
+    "Pricing",
     "Principal",
     "PrismError",
     "Provider",
@@ -160,6 +170,9 @@ __all__ = [
     "SharedState",
     "Setting",
     "Settlement",
+    "Spend",
+    "SpendLedger",
+    "SpendTotals",
     "Skip",
     "Slots",
     "StoreProvider",
@@ -175,6 +188,7 @@ __all__ = [
     "Wire",
     "Wires",
     "admin_handler",
+    "authenticated_call",
     "authenticating_plugins",
     "background",
     "check_param_rules",
@@ -190,13 +204,17 @@ __all__ = [
     "load_config",
     "marker_code",
     "normalise_params",
+    "output_cap",
     "parse_retry_after",
     "provide",
+    "per_model_name",
     "percentile",
+    "prompt_tokens",
     "read_settings",
     "redact_url",
     "require_admin",
     "setting",
     "settings_of",
     "settings_table",
+    "split_setting_name",
 ]

@@ -93,6 +93,9 @@ class Principal:
     scopes: frozenset[str] = frozenset()
     #: The organisation's settings, parsed (see ``prism_org_settings``).
     settings: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
+    #: The key's own settings (declared ``per_key``), parsed; they apply inside
+    #: the organisation's.
+    key_settings: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
 
     @property
     def anonymous(self) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import logging
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -243,6 +244,10 @@ async def _answer(generation: Generation, call: Call) -> Answer:
         call.route = hooks.select_route(call=call, model=call.model) if hooks.select_route else None
         if call.route is None:
             raise exhausted(call)
+        if hooks.admit_call is not None:
+            pending = hooks.admit_call(call=call)
+            if pending:
+                await _admitted(pending)
         served = await dispatch(generation, call)
         return await relay(call, served)
     except PassThrough as rejected:
@@ -267,6 +272,16 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             type="api_error",
         )
         return refusal(failure)
+
+
+async def _admitted(pending: list[Awaitable[None]]) -> None:
+    """Wait for every admission (each reserved what it could), then refuse on the first no."""
+    if len(pending) == 1:
+        await pending[0]
+        return
+    for outcome in await asyncio.gather(*pending, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _authenticate(generation: Generation, call: Call) -> None:
@@ -353,16 +368,33 @@ def _anthropic_client(request: web.Request) -> bool:
     return client_wire(request) is ANTHROPIC
 
 
-def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response | None]:
-    """The model list is part of the API: whoever may call may list (``prism_authenticate``)."""
+def authenticated_call(request: web.Request) -> Call:
+    """The caller of a request to a plugin's own endpoint, authenticated as API calls are.
+
+    ``call.principal`` is who ``prism_authenticate`` says is calling (and
+    ``call.endpoint`` is ``models``: such a call is never dispatched nor
+    settled).  Raises ``PrismError`` (401, 403) where authentication refuses.
+    """
+    call = _caller(request)
+    _authenticate(call.generation, call)
+    return call
+
+
+def _caller(request: web.Request) -> Call:
     generation = request.app[GATEWAY].current
-    call = Call(
+    return Call(
         request_id=new_id("req_"),
         endpoint=Endpoint.MODELS,
         received_at=generation.clock(),
         request=request,
         generation=generation,
     )
+
+
+def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response | None]:
+    """The model list is part of the API: whoever may call may list (``prism_authenticate``)."""
+    call = _caller(request)
+    generation = call.generation
     try:
         _authenticate(generation, call)
     except PrismError as err:

@@ -18,7 +18,7 @@ from .call import Call, Endpoint
 from .catalog import LINE_CAPABILITIES, Binding
 from .wire import wire_for
 
-__all__ = ["CAPABILITIES", "Incompatible", "check_line", "used_capabilities"]
+__all__ = ["CAPABILITIES", "Incompatible", "check_line", "prompt_tokens", "used_capabilities"]
 
 CAPABILITIES = LINE_CAPABILITIES
 
@@ -41,7 +41,7 @@ def check_line(call: Call, binding: Binding) -> None:
             raise Incompatible(f"lacks {', '.join(missing)}")
     context = options.get("max_context_tokens")
     if context is not None:
-        prompt = _prompt_tokens(call)
+        prompt = prompt_tokens(call)
         if prompt > context:
             raise Incompatible(f"prompt ~{prompt} tokens > max_context_tokens {context}")
 
@@ -54,7 +54,8 @@ def used_capabilities(call: Call) -> tuple[str, ...]:
     return used
 
 
-def _prompt_tokens(call: Call) -> int:
+def prompt_tokens(call: Call) -> int:
+    """Prism's estimate of the prompt's tokens (worked out once per call, then cached on it)."""
     tokens = call.prompt_tokens
     if tokens is None:
         estimate = wire_for(call.endpoint).estimate_usage(call.body, 0)

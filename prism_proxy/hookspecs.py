@@ -71,7 +71,7 @@ def prism_services(generation: Generation) -> Iterable[Offer[Any]] | None:
     Called for every generation, before any ``prism_generation``.  Return
     ``[provide(SERVICE, make), ...]`` for the services the core declares
     (``prism_proxy.SERVICES``: ``CAPACITY``, ``TELEMETRY``, ``BREAKER_STORE``,
-    ``BREAKER``, ``SHARED_STATE``), or None when this configuration leaves
+    ``BREAKER``, ``SHARED_STATE``, ``PRICING``, ``SPEND``), or None when this configuration leaves
     the plugin inactive.  ``make()`` runs at most once per generation, the
     first time a consumer asks (``generation.services.get(SERVICE)``); it may
     ask for other services and use ``generation.keep``, and like
@@ -354,6 +354,26 @@ def prism_select_route(call: Call, model: ModelSpec) -> Route | None:
     no other choice may undo (prism-regions: where a call may be served) is
     ``tryfirst``: the outermost wrapper, it sees every other wrapper's route.
     One such policy wrapper per deployment.
+    """
+
+
+@hookspec
+def prism_admit_call(call: Call) -> Awaitable[None] | None:
+    """May this call go ahead at all?  Raise ``PrismError`` to refuse it.
+
+    Called once per call, after ``prism_select_route`` chose its route
+    (``call.route``) and before its first attempt: for policy that needs the
+    whole call (who calls, which model, which lines may serve it), such as a
+    rate limit or a budget reserving the dearest line's worst case.  A
+    refusal reaches no upstream; put what the caller should know in
+    ``call.response_headers`` (``Retry-After``) before raising.
+
+    Where the answer needs a round trip to shared state, return an
+    awaitable: the core awaits every implementation's together, and the call
+    is refused when any of them raises (the first ``PrismError`` is the
+    answer).  Keep it to one round trip.  Whatever an implementation
+    reserved here it settles or gives back in ``prism_settle``, which every
+    call reaches, refused ones included.  Fan-out; no order.
     """
 
 

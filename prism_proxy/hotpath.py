@@ -51,6 +51,7 @@ class Hooks:
 
     __slots__ = (
         "admit_attempt",
+        "admit_call",
         "attempt_start",
         "authenticate",
         "call_start",
@@ -65,6 +66,7 @@ class Hooks:
         self.authenticate: Final = first_result(pm, hookspecs.prism_authenticate, make)
         self.call_start: Final = fan_out(pm, hookspecs.prism_call_start, make)
         self.select_route: Final = first_result(pm, hookspecs.prism_select_route, make)
+        self.admit_call: Final = fan_out(pm, hookspecs.prism_admit_call, make)
         self.admit_attempt: Final = first_result(pm, hookspecs.prism_admit_attempt, make)
         self.attempt_start: Final = fan_out(pm, hookspecs.prism_attempt_start, make)
         self.classify: Final = answered(pm, hookspecs.prism_classify, make)

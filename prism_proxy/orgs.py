@@ -7,6 +7,12 @@ its name, a parser that turns the stored text into the value (raising
 An auth plugin that knows organisations (prism-keys) stores the text,
 checks it against the declaration when an operator sets it, and hands the
 parsed values to every hook on ``Principal.settings``.
+
+A declaration may allow more: ``per_key`` lets an operator set it on one key
+too (``prism keys set KEY_ID NAME=VALUE``; the key's values reach hooks on
+``Principal.key_settings``), and ``per_model`` lets it be set for one model
+under the name ``NAME@MODEL`` (``budget@gpt-4o=50/day``), parsed by the same
+parser and handed over under that name.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ import attrs
 
 from .catalog import Catalog
 
-__all__ = ["OrgSetting", "collect_org_settings"]
+__all__ = ["OrgSetting", "collect_org_settings", "per_model_name", "split_setting_name"]
+
+#: Between a setting's name and the model it is set for: ``budget@gpt-4o``.
+MODEL_SEPARATOR = "@"
 
 
 @attrs.frozen
@@ -30,6 +39,21 @@ class OrgSetting:
     parse: Callable[[str], Any]
     help: str = ""
     doubts: Callable[[Any, Catalog], Iterable[str]] | None = None
+    #: May also be set on one key (``Principal.key_settings``).
+    per_key: bool = False
+    #: May also be set for one model, as ``NAME@MODEL``.
+    per_model: bool = False
+
+
+def per_model_name(name: str, model: str) -> str:
+    """The stored name of setting ``name`` for ``model``: ``budget@gpt-4o``."""
+    return f"{name}{MODEL_SEPARATOR}{model}"
+
+
+def split_setting_name(stored: str) -> tuple[str, str | None]:
+    """``budget@gpt-4o`` → ``("budget", "gpt-4o")``; a plain name → ``(name, None)``."""
+    name, sep, model = stored.partition(MODEL_SEPARATOR)
+    return (name, model) if sep else (stored, None)
 
 
 def collect_org_settings(

@@ -30,6 +30,7 @@ import attrs
 from .breakerstate import BreakerView, StoreProvider
 from .capacity import Capacity
 from .errors import ConfigError
+from .spend import Pricing, SpendLedger
 from .telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -39,8 +40,10 @@ __all__ = [
     "BREAKER",
     "BREAKER_STORE",
     "CAPACITY",
+    "PRICING",
     "SERVICES",
     "SHARED_STATE",
+    "SPEND",
     "TELEMETRY",
     "Offer",
     "Service",
@@ -177,8 +180,24 @@ SHARED_STATE: Service[SharedState] = Service(
 )
 
 #: The services the core declares, by name.
+#: The catalog's prices, as billing charges them.
+PRICING: Service[Pricing] = Service(
+    "pricing",
+    Pricing,  # type: ignore[type-abstract]
+    "what a call served by a line costs, as billing charges it",
+    ("prism-billing",),
+)
+#: The ledger's totals (the truth counters are rebuilt from).
+SPEND: Service[SpendLedger] = Service(
+    "spend",
+    SpendLedger,  # type: ignore[type-abstract]
+    "what the ledger says was spent, by organisation, key and model",
+    ("prism-billing",),
+)
+
 SERVICES: Mapping[str, Service[Any]] = {
-    service.name: service for service in (CAPACITY, TELEMETRY, BREAKER_STORE, BREAKER, SHARED_STATE)
+    service.name: service
+    for service in (CAPACITY, TELEMETRY, BREAKER_STORE, BREAKER, SHARED_STATE, PRICING, SPEND)
 }
 
 _BUILDING = object()
