@@ -5,11 +5,14 @@ configured: the core warns at start-up that the gateway is open to anyone
 when no plugin implements ``prism_authenticate``, and an
 installed-but-unconfigured prism-keys must not silence that warning.
 
-The principal a key stands for carries its organisation's settings, parsed
-with the declarations (``prism_org_settings``) of the generation serving the
-call.  They are parsed once per key-ring snapshot, not per call: a value that
-no longer parses (a declaration changed since it was set) and a name no
-loaded plugin declares are left out and logged once, never failing a call.
+The principal a key stands for carries its organisation's settings
+(``settings``, ``NAME@MODEL`` ones included) and the key's own
+(``key_settings``), parsed with the declarations (``prism_org_settings``) of
+the generation serving the call.  They are parsed once per key-ring
+snapshot, not per call: a value that no longer parses (a declaration changed
+since it was set) and a name no loaded declaration accepts (undeclared, or
+set per key or per model where the declaration no longer allows it) are left
+out and logged once, never failing a call.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from prism_proxy import (
 )
 
 from .keyring import NO_SETTINGS, ActiveKey, KeyRing, Snapshot
+from .names import Unusable, declaration_for
 from .scopes import Grants
 
 __all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "presented_key"]
@@ -62,6 +66,23 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return api_key.strip() if api_key else None
 
 
+@attrs.frozen
+class Owner:
+    """Whose settings are parsed, as the log names it: an organisation, or a key (its id)."""
+
+    kind: str  # "organisation" or "key"
+    name: str
+
+    @property
+    def preposition(self) -> str:
+        return "on key" if self.kind == "key" else "for"
+
+    @property
+    def command(self) -> str:
+        """The ``prism keys`` action that shows this owner's settings with their status."""
+        return "show" if self.kind == "key" else "org-show"
+
+
 class KeysAuth:
     """The hook implementations that enforce keys and scopes for one gateway."""
 
@@ -85,16 +106,20 @@ class KeysAuth:
         self._reported: set[tuple[str, ...]] = set()
 
     def principal_of(self, active: ActiveKey) -> Principal:
-        """The principal ``active`` stands for, with its organisation's parsed settings."""
-        self._current()
+        """The principal ``active`` stands for, with its organisation's and its own parsed
+        settings (cached per snapshot, like the settings themselves)."""
+        snapshot = self._current()
         key_id = active.principal.key_id or ""
         principal = self._principals.get(key_id)
         if principal is None:
             settings = self.org_settings(active.principal.org or "")
+            key_settings = self._parse(
+                Owner("key", key_id), snapshot.key_settings.get(key_id) or {}
+            )
             principal = (
                 active.principal
-                if settings is NO_SETTINGS
-                else attrs.evolve(active.principal, settings=settings)
+                if settings is NO_SETTINGS and key_settings is NO_SETTINGS
+                else attrs.evolve(active.principal, settings=settings, key_settings=key_settings)
             )
             self._principals[key_id] = principal
         return principal
@@ -104,7 +129,7 @@ class KeysAuth:
         snapshot = self._current()
         parsed = self._org_settings.get(org)
         if parsed is None:
-            parsed = self._parse(org, snapshot.settings.get(org) or {})
+            parsed = self._parse(Owner("organisation", org), snapshot.settings.get(org) or {})
             self._org_settings[org] = parsed
         return parsed
 
@@ -115,34 +140,40 @@ class KeysAuth:
             self._snapshot, self._org_settings, self._principals = snapshot, {}, {}
         return snapshot
 
-    def _parse(self, org: str, stored: Mapping[str, str]) -> Mapping[str, Any]:
+    def _parse(self, owner: Owner, stored: Mapping[str, str]) -> Mapping[str, Any]:
+        per_key = owner.kind == "key"
         values: dict[str, Any] = {}
         for name, text in stored.items():
-            declaration = self.declarations.get(name)
-            if declaration is None:
-                if ("undeclared", name) not in self._reported:
-                    self._reported.add(("undeclared", name))
+            declaration = declaration_for(self.declarations, name, per_key=per_key)
+            if isinstance(declaration, Unusable):
+                # Once per name and reason (a setting name, not an owner, is the problem).
+                if (owner.kind, "unusable", name, declaration.reason) not in self._reported:
+                    self._reported.add((owner.kind, "unusable", name, declaration.reason))
                     log.info(
-                        "keys: organisation setting %r (set for %r) is declared by no loaded "
-                        "plugin; ignored",
+                        "keys: %s setting %r (set %s %r) is %s; ignored",
+                        owner.kind,
                         name,
-                        org,
+                        owner.preposition,
+                        owner.name,
+                        declaration.reason,
                     )
                 continue
             try:
                 values[name] = declaration.parse(text)
             except Exception as exc:
                 # Set when it parsed; its declaration has changed since.  Names
-                # only in the log: `prism keys org-show` says what is wrong.
-                if ("invalid", org, name, text) not in self._reported:
-                    self._reported.add(("invalid", org, name, text))
+                # only in the log: `prism keys org-show` / `show` says what is wrong.
+                if (owner.kind, "invalid", owner.name, name, text) not in self._reported:
+                    self._reported.add((owner.kind, "invalid", owner.name, name, text))
                     log.warning(
-                        "keys: organisation %r: setting %r no longer parses (%s); left out "
-                        "(see `prism keys org-show %s`)",
-                        org,
+                        "keys: %s %r: setting %r no longer parses (%s); left out "
+                        "(see `prism keys %s %s`)",
+                        owner.kind,
+                        owner.name,
                         name,
                         type(exc).__name__,
-                        org,
+                        owner.command,
+                        owner.name,
                     )
         return types.MappingProxyType(values) if values else NO_SETTINGS
 

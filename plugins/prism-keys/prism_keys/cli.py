@@ -1,39 +1,43 @@
-"""``prism keys ...``: create, list and revoke keys; tag organisations and set their settings.
+"""``prism keys ...``: create, list, show and revoke keys; tag organisations; set the
+settings plugins declare on organisations and on single keys.
 
 Exit status: 0 done, 1 refused (bad scope or name, unknown key id or
-organisation), 2 configuration error (reported by ``prism`` itself) or an
-organisation setting no loaded plugin declares, or a value its declaration
-refuses.
+organisation, a setting on a revoked key), 2 configuration error (reported
+by ``prism`` itself) or a setting the loaded plugins' declarations refuse
+(undeclared, organisation-only on a key, NAME@MODEL where not per model, a
+value its parser refuses).
 
-The organisation settings ``org-set`` accepts are those the plugins the
+The settings ``org-set`` and ``set`` accept are those the plugins the
 configuration loads declare (``prism_org_settings``), checked with the same
-parsers the gateway uses.
+parsers the gateway uses (:mod:`.cli_settings`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import asyncpg
 
-from prism_proxy import (
-    GATEWAY,
-    Commands,
-    Config,
-    OrgSetting,
-    create_app,
-    declared_org_settings,
-)
+from prism_proxy import Commands, Config
 
+from .cli_settings import (
+    REGIONS,
+    Store,
+    key_set,
+    key_show,
+    org_regions,
+    org_set,
+    org_show,
+    refuse_key_text,
+    settings_cell,
+    table,
+)
 from .pg_store import SchemaTooNew, SyncPgKeyStore
 from .scopes import ScopeError, parse_scopes
 from .settings import require_settings
 from .store import InvalidName, KeyStore, Revoked
-
-#: The SQLite file (``db_path``) or the PostgreSQL database (``db_url``).
-Store = KeyStore | SyncPgKeyStore
 
 __all__ = ["add_commands"]
 
@@ -52,8 +56,30 @@ def add_commands(commands: Commands) -> None:
         help="comma-separated: chat, embeddings, model:NAME, model:PREFIX*, model:*, *, "
         "or labels like tier:gold",
     )
-    listing = actions.add_parser("list", help="list keys (never the keys themselves)")
+    listing = actions.add_parser(
+        "list", help="list keys with their own settings (never the keys themselves)"
+    )
     listing.add_argument("--org", help="only this organisation's keys")
+    show = actions.add_parser(
+        "show", help="a key (never the key itself) and its own settings, as stored"
+    )
+    show.add_argument("key_id", metavar="KEY_ID", help="the id shown by create and list")
+    key_settings = actions.add_parser(
+        "set",
+        help="set (NAME=VALUE) or remove (--unset NAME) one key's own settings, those "
+        "plugins declare per key",
+        usage="prism keys set KEY_ID [NAME=VALUE ...] [--unset NAME ...]",
+    )
+    key_settings.add_argument("key_id", metavar="KEY_ID", help="the id shown by create and list")
+    key_settings.add_argument(
+        "assignments",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="checked against the declaration; NAME@MODEL=VALUE for one model",
+    )
+    key_settings.add_argument(
+        "--unset", action="append", default=[], metavar="NAME", help="remove it (repeatable)"
+    )
     revoke = actions.add_parser("revoke", help="revoke a key by its key id")
     revoke.add_argument("key_id", help="the id shown by create and list")
     tags = actions.add_parser(
@@ -72,13 +98,17 @@ def add_commands(commands: Commands) -> None:
     )
     org_set.add_argument("org", metavar="ORG")
     org_set.add_argument(
-        "assignments", nargs="*", metavar="NAME=VALUE", help="checked against the declaration"
+        "assignments",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="checked against the declaration; NAME@MODEL=VALUE for one model",
     )
     org_set.add_argument(
         "--unset", action="append", default=[], metavar="NAME", help="remove it (repeatable)"
     )
     org_show = actions.add_parser(
-        "org-show", help="an organisation's settings as stored, and which the plugins declare"
+        "org-show",
+        help="an organisation's settings and its keys' as stored, and which the plugins declare",
     )
     org_show.add_argument("org", metavar="ORG")
     regions = actions.add_parser(
@@ -92,7 +122,18 @@ def add_commands(commands: Commands) -> None:
         "--set", dest="regions", metavar="REGIONS", help="comma-separated region names"
     )
     change.add_argument("--clear", action="store_true", help=f"unset {REGIONS!r}")
-    for sub in (create, listing, revoke, tags, orgs, org_set, org_show, regions):
+    for sub in (
+        create,
+        listing,
+        show,
+        key_settings,
+        revoke,
+        tags,
+        orgs,
+        org_set,
+        org_show,
+        regions,
+    ):
         # Also accepted after the action; SUPPRESS keeps a value given before it.
         sub.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
@@ -129,32 +170,29 @@ def _act(args: argparse.Namespace, config: Config, store: Store, refresh_s: floa
             return _create(store, args.org, _split(args.scopes))
         if action == "list":
             return _list(store, args.org)
+        if action == "show":
+            return key_show(store, config, args.key_id)
+        if action == "set":
+            return key_set(store, config, args.key_id, args.assignments, args.unset, refresh_s)
         if action == "revoke":
             return _revoke(store, args.key_id, refresh_s)
         if action == "org-tags":
             return _org_tags(store, args.org, args.tags)
         if action == "org-set":
-            return _org_set(store, config, args.org, args.assignments, args.unset, refresh_s)
+            return org_set(store, config, args.org, args.assignments, args.unset, refresh_s)
         if action == "org-show":
-            return _org_show(store, config, args.org)
+            return org_show(store, config, args.org)
         if action == "org-regions":
             if args.clear:
-                return _org_set(store, config, args.org, [], [REGIONS], refresh_s, action)
+                return org_set(store, config, args.org, [], [REGIONS], refresh_s, action)
             if args.regions is not None:
                 assignment = f"{REGIONS}={args.regions}"
-                return _org_set(store, config, args.org, [assignment], [], refresh_s, action)
-            return _org_regions(store, args.org)
+                return org_set(store, config, args.org, [assignment], [], refresh_s, action)
+            return org_regions(store, args.org)
         return _orgs(store)
     except (ScopeError, InvalidName) as exc:
         print(f"prism keys {action}: {exc}", file=sys.stderr)
         return 1
-
-
-REGIONS = "regions"
-REGIONS_HINT = (
-    f"the {REGIONS!r} setting is declared by the prism-regions plugin: install it, or "
-    "enable it in the configuration"
-)
 
 
 def _split(text: str) -> list[str]:
@@ -173,6 +211,8 @@ def _create(store: Store, org: str, scopes: Sequence[str]) -> int:
 
 
 def _list(store: Store, org: str | None) -> int:
+    keys = store.list_keys(org)
+    settings = store.key_settings(org=org)
     rows = [
         (
             r.key_id,
@@ -180,14 +220,19 @@ def _list(store: Store, org: str | None) -> int:
             ",".join(r.scopes),
             r.created,
             f"revoked {r.revoked}" if r.revoked else "active",
+            # Last: a value may hold spaces.
+            settings_cell(settings.get(r.key_id)),
         )
-        for r in store.list_keys(org)
+        for r in keys
     ]
-    _table(("key id", "org", "scopes", "created", "status"), rows)
+    table(("key id", "org", "scopes", "created", "status", "settings"), rows)
     return 0
 
 
 def _revoke(store: Store, key_id: str, refresh_s: float) -> int:
+    refused = refuse_key_text("revoke", key_id)
+    if refused is not None:
+        return refused
     result = store.revoke(key_id)
     if result is Revoked.UNKNOWN:
         print(
@@ -213,156 +258,9 @@ def _org_tags(store: Store, org: str, tags: str | None) -> int:
     return 0
 
 
-def _declared(config: Config) -> dict[str, OrgSetting]:
-    """The settings the plugins this configuration loads declare (as a gateway would)."""
-    return declared_org_settings(config)
-
-
-def _describe(declared: Mapping[str, OrgSetting]) -> str:
-    if not declared:
-        return "no loaded plugin declares any organisation setting"
-    listed = ", ".join(
-        f"{name} ({declared[name].help})" if declared[name].help else name
-        for name in sorted(declared)
-    )
-    return f"declared: {listed}"
-
-
-def _refusal(action: str, problem: str) -> int:
-    print(f"prism keys {action}: {problem}", file=sys.stderr)
-    return 2
-
-
-def _org_set(
-    store: Store,
-    config: Config,
-    org: str,
-    assignments: Sequence[str],
-    unset: Sequence[str],
-    refresh_s: float,
-    action: str = "org-set",
-) -> int:
-    if not assignments and not unset:
-        return _refusal(action, "nothing to do: give NAME=VALUE or --unset NAME")
-    declared = _declared(config)
-    values: dict[str, str] = {}
-    for assignment in assignments:
-        name, equals, text = assignment.partition("=")
-        name = name.strip()
-        if not equals or not name:
-            return _refusal(action, f"expected NAME=VALUE, got {assignment!r}")
-        declaration = declared.get(name)
-        if declaration is None:
-            problem = f"unknown organisation setting {name!r}; {_describe(declared)}"
-            if name == REGIONS:
-                problem += f" ({REGIONS_HINT})"
-            return _refusal(action, problem)
-        if name in values:
-            return _refusal(action, f"{name} is given twice")
-        try:
-            declaration.parse(text)
-        except Exception as exc:
-            return _refusal(action, f"invalid value for {name}: {_reason(exc)}")
-        values[name] = text
-    both = sorted(set(values) & set(unset))
-    if both:
-        return _refusal(action, f"{both[0]} is both set and unset")
-    # Any stored name may be removed, declared or not (a plugin since removed).
-    removed = store.update_org_settings(org, values, unset)
-    if removed is None:
-        print(
-            f"prism keys {action}: unknown organisation {org!r} (see prism keys orgs)",
-            file=sys.stderr,
-        )
-        return 1
-    for name, text in values.items():
-        print(f"{org}: {name} = {_shown(text)}")
-    _doubts(config, declared, values)
-    for name in dict.fromkeys(unset):
-        print(f"{org}: {name} {'unset' if name in removed else 'was not set'}")
-    if values or removed:
-        print(f"running gateways apply it within {refresh_s:g} s")
-    return 0
-
-
-def _doubts(config: Config, declared: Mapping[str, OrgSetting], values: Mapping[str, str]) -> None:
-    """Warn (never refuse) where a value looks wrong against the catalog."""
-    checks = {name: declared[name] for name in values if declared[name].doubts is not None}
-    if not checks:
-        return
-    catalog = create_app(config)[GATEWAY].current.catalog
-    for name, setting in checks.items():
-        assert setting.doubts is not None
-        for doubt in setting.doubts(setting.parse(values[name]), catalog):
-            print(f"prism keys: warning: {name}: {doubt}", file=sys.stderr)
-
-
-def _org_show(store: Store, config: Config, org: str) -> int:
-    stored = store.org_settings(org)
-    if stored is None:
-        print(
-            f"prism keys org-show: unknown organisation {org!r} (see prism keys orgs)",
-            file=sys.stderr,
-        )
-        return 1
-    declared = _declared(config)
-    if not stored:
-        print(f"{org}: no settings")
-    else:
-        rows = []
-        for name, text in stored.items():
-            declaration = declared.get(name)
-            if declaration is None:
-                status = "declared by no loaded plugin: ignored"
-            else:
-                try:
-                    declaration.parse(text)
-                    status = "ok"
-                except Exception as exc:
-                    status = f"does not parse, left out: {_reason(exc)}"
-            rows.append((name, _shown(text), status))
-        _table(("setting", "value", "status"), rows)
-    unset = [name for name in sorted(declared) if name not in stored]
-    if unset:
-        print("declared, not set:")
-        for name in unset:
-            help_text = declared[name].help
-            print(f"  {name}" + (f": {help_text}" if help_text else ""))
-    return 0
-
-
-def _org_regions(store: Store, org: str) -> int:
-    stored = store.org_settings(org)
-    if stored is None:
-        print(
-            f"prism keys org-regions: unknown organisation {org!r} (see prism keys orgs)",
-            file=sys.stderr,
-        )
-        return 1
-    text = stored.get(REGIONS)
-    print(f"{org}: {REGIONS} = {_shown(text)}" if text is not None else f"{org}: {REGIONS} not set")
-    return 0
-
-
-def _reason(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _shown(text: str) -> str:
-    return text if text else '""'
-
-
 def _orgs(store: Store) -> int:
     rows = [
         (o.name, ",".join(o.tags) or "-", str(o.active_keys), o.created) for o in store.list_orgs()
     ]
-    _table(("org", "tags", "active keys", "created"), rows)
+    table(("org", "tags", "active keys", "created"), rows)
     return 0
-
-
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )

@@ -10,8 +10,9 @@ every change sends and refreshes at once; the poll stays as the fallback
 database stays open from start-up to shutdown, so polling needs no new file
 handle and goes on working when the process has none left to give.
 
-The snapshot also holds every organisation's settings as stored (text), read
-in the same transaction as the keys; each generation's :class:`KeysAuth
+The snapshot also holds every organisation's settings and every active key's
+own settings as stored (text), read in the same transaction as the keys;
+each generation's :class:`KeysAuth
 <prism_keys.auth.KeysAuth>` parses them with the declarations it was built
 with.
 """
@@ -58,6 +59,7 @@ class ActiveKey:
             org_tags=frozenset(row.org_tags),
             scopes=frozenset(row.scopes),
             settings=NO_SETTINGS,
+            key_settings=NO_SETTINGS,
         )
         return cls(hash=row.hash, principal=principal, grants=Grants.from_scopes(row.scopes))
 
@@ -68,6 +70,8 @@ class Snapshot:
     keys: Mapping[str, ActiveKey]
     #: Organisation settings as stored (text), by organisation then name; not parsed.
     settings: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    #: The active keys' own settings as stored (text), by key id then name; not parsed.
+    key_settings: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
 
 _EMPTY = Snapshot(revision=-1, keys={})
@@ -129,14 +133,21 @@ class KeyRing:
             revision = loaded.revision
             keys = {row.key_id: ActiveKey.from_loaded(row) for row in loaded.keys}
             orgs = len({row.org for row in loaded.keys})
-            self.snapshot = Snapshot(revision=revision, keys=keys, settings=loaded.settings)
+            self.snapshot = Snapshot(
+                revision=revision,
+                keys=keys,
+                settings=loaded.settings,
+                key_settings=loaded.key_settings,
+            )
             self._generation = generation
         # Counts only: setting values stay out of the log.
         log.info(
-            "keys: %d active keys in %d organisations, %d organisation settings (revision %d)",
+            "keys: %d active keys in %d organisations, %d organisation settings, %d key "
+            "settings (revision %d)",
             len(keys),
             orgs,
             sum(len(names) for names in loaded.settings.values()),
+            sum(len(names) for names in loaded.key_settings.values()),
             revision,
         )
         return True

@@ -13,6 +13,13 @@ key ring's lifecycle, plus one dedicated connection for ``LISTEN``).
 :class:`~prism_keys.store.KeyStore`, blocking, each on a fresh connection
 run through ``asyncio.run``.
 
+Schema versions (the one row of ``prism_keys_schema``): 1 the keys,
+organisations, their settings and the revision; 2 adds
+``prism_keys_key_settings`` (key_id, name, value text), whose rows go with
+their key if it is ever deleted.  :func:`ensure_schema` creates what is
+missing and records the version, so an older schema is migrated the first
+time a newer prism-keys connects; a newer one is refused.
+
 The URL may hold a password: only :func:`prism_proxy.redact_url`'s
 form of it is ever logged or shown.
 """
@@ -30,7 +37,7 @@ import orjson
 
 from prism_proxy import redact_url
 
-from .store import KeyRow, Loaded, OrgRow, Revoked, _now, check_name
+from .store import KeyRow, Loaded, OrgRow, Revoked, _now, check_name, grouped
 from .tokens import NewKey, new_key
 
 __all__ = ["CHANNEL", "PG_SCHEMA_VERSION", "PgKeyStore", "SchemaTooNew", "SyncPgKeyStore"]
@@ -39,7 +46,7 @@ log = logging.getLogger("prism.keys")
 
 T = TypeVar("T")
 #: Bump with a migration step in :func:`ensure_schema` when the tables change.
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 #: The channel every change is announced on (payload: the new revision).
 CHANNEL = "prism_keys"
 #: Any advisory-lock key will do, as long as every replica uses the same one.
@@ -73,6 +80,12 @@ CREATE TABLE IF NOT EXISTS prism_keys_org_settings (
     value TEXT NOT NULL,
     PRIMARY KEY (org, name)
 );
+CREATE TABLE IF NOT EXISTS prism_keys_key_settings (
+    key_id TEXT NOT NULL REFERENCES prism_keys_keys(id) ON DELETE CASCADE,
+    name   TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (key_id, name)
+);
 """
 _TIMEOUT_S = 10.0
 
@@ -84,21 +97,36 @@ class SchemaTooNew(Exception):
 
 
 async def ensure_schema(conn: Conn) -> None:
-    """Create the tables if missing (serialised between replicas); refuse a newer schema."""
+    """Create the tables if missing (serialised between replicas); refuse a newer schema.
+
+    Every table is ``IF NOT EXISTS``, so creating what is missing is also the
+    migration from an older version: only the recorded version changes then.
+    """
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-        await conn.execute(_SCHEMA)
-        found = await conn.fetchval("SELECT version FROM prism_keys_schema")
-        version = int(found) if found is not None else 0
-        if version > PG_SCHEMA_VERSION:
+        found = await _schema_version(conn)
+        if found is not None and found > PG_SCHEMA_VERSION:
+            # Checked before creating anything: a newer schema is not ours to touch.
             raise SchemaTooNew(
-                f"key schema {version} is newer than this prism-keys understands "
+                f"key schema {found} is newer than this prism-keys understands "
                 f"({PG_SCHEMA_VERSION}): upgrade prism-keys"
             )
-        if version == 0:
+        await conn.execute(_SCHEMA)
+        if found is None:
             await conn.execute(
                 "INSERT INTO prism_keys_schema (version) VALUES ($1)", PG_SCHEMA_VERSION
             )
+        elif found < PG_SCHEMA_VERSION:
+            await conn.execute("UPDATE prism_keys_schema SET version = $1", PG_SCHEMA_VERSION)
+            log.info("keys: key schema %d migrated to %d", found, PG_SCHEMA_VERSION)
+
+
+async def _schema_version(conn: Conn) -> int | None:
+    """The recorded schema version, or None in a database without one yet."""
+    if not await conn.fetchval("SELECT to_regclass('prism_keys_schema') IS NOT NULL"):
+        return None
+    found = await conn.fetchval("SELECT version FROM prism_keys_schema")
+    return int(found) if found is not None else None
 
 
 async def _bump(conn: Conn) -> None:
@@ -119,7 +147,11 @@ async def _load_active(conn: Conn) -> Loaded:
             "JOIN prism_keys_orgs o ON o.name = k.org WHERE k.revoked IS NULL"
         )
         setting_rows = await conn.fetch("SELECT org, name, value FROM prism_keys_org_settings")
-    return Loaded.from_rows(revision, rows, setting_rows)
+        key_setting_rows = await conn.fetch(
+            "SELECT s.key_id, s.name, s.value FROM prism_keys_key_settings s "
+            "JOIN prism_keys_keys k ON k.id = s.key_id WHERE k.revoked IS NULL"
+        )
+    return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows)
 
 
 class PgKeyStore:
@@ -359,7 +391,73 @@ class SyncPgKeyStore:
 
         return self._run(work)
 
+    def update_key_settings(
+        self, key_id: str, values: Mapping[str, str], unset: Iterable[str] = ()
+    ) -> frozenset[str] | None:
+        """As :meth:`prism_keys.store.KeyStore.update_key_settings`."""
+        names = list(unset)
+
+        async def work(conn: Conn) -> frozenset[str] | None:
+            found = await conn.fetchval(
+                "SELECT 1 FROM prism_keys_keys WHERE id = $1 FOR UPDATE", key_id
+            )
+            if found is None:
+                return None
+            removed = set()
+            for name in names:
+                status = await conn.execute(
+                    "DELETE FROM prism_keys_key_settings WHERE key_id = $1 AND name = $2",
+                    key_id,
+                    name,
+                )
+                if status != "DELETE 0":
+                    removed.add(name)
+            for name, value in values.items():
+                await conn.execute(
+                    "INSERT INTO prism_keys_key_settings (key_id, name, value) "
+                    "VALUES ($1, $2, $3) "
+                    "ON CONFLICT (key_id, name) DO UPDATE SET value = excluded.value",
+                    key_id,
+                    name,
+                    value,
+                )
+            if values or removed:
+                await _bump(conn)
+            return frozenset(removed)
+
+        return self._run(work)
+
     # --- reads ---
+
+    def key(self, key_id: str) -> KeyRow | None:
+        async def work(conn: Conn) -> Any:
+            return await conn.fetchrow(
+                "SELECT id, org, scopes, created, revoked FROM prism_keys_keys WHERE id = $1",
+                key_id,
+            )
+
+        r = self._run(work)
+        return None if r is None else KeyRow(r[0], r[1], _loads(r[2]), r[3], r[4])
+
+    def key_settings(
+        self, *, org: str | None = None, key_id: str | None = None
+    ) -> dict[str, dict[str, str]]:
+        """As :meth:`prism_keys.store.KeyStore.key_settings`."""
+
+        async def work(conn: Conn) -> list[Any]:
+            # A NULL filter matches every row: one statement for every case.
+            return list(
+                await conn.fetch(
+                    "SELECT s.key_id, s.name, s.value FROM prism_keys_key_settings s "
+                    "JOIN prism_keys_keys k ON k.id = s.key_id "
+                    "WHERE ($1::text IS NULL OR k.org = $1) AND ($2::text IS NULL OR k.id = $2) "
+                    "ORDER BY k.created, k.id, s.name",
+                    org,
+                    key_id,
+                )
+            )
+
+        return grouped(self._run(work))
 
     def list_keys(self, org: str | None = None) -> list[KeyRow]:
         async def work(conn: Conn) -> list[Any]:

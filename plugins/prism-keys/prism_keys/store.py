@@ -13,10 +13,12 @@ No transaction stays open between calls, so every read sees what other
 processes committed before it began.
 
 Schema versions (``PRAGMA user_version``): 1 ``orgs``, ``keys``, ``revision``;
-2 adds ``org_settings`` (org, name, value text).  Opening a database creates
-what is missing (every statement is ``IF NOT EXISTS``), so a version 1 file
-is migrated in place the first time a newer prism-keys opens it, and a file
-made by a newer version than this one is refused.
+2 adds ``org_settings`` (org, name, value text); 3 adds ``key_settings``
+(key_id, name, value text), whose rows go with their key if it is ever
+deleted.  Opening a database creates what is missing (every statement is
+``IF NOT EXISTS``), so an older file is migrated in place the first time a
+newer prism-keys opens it, and a file made by a newer version than this one
+is refused.
 
 All functions are blocking; the gateway calls them from a worker thread.
 """
@@ -49,9 +51,10 @@ __all__ = [
     "OrgRow",
     "Revoked",
     "check_name",
+    "grouped",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orgs (
     name    TEXT PRIMARY KEY,
@@ -76,6 +79,12 @@ CREATE TABLE IF NOT EXISTS org_settings (
     name  TEXT NOT NULL,
     value TEXT NOT NULL,
     PRIMARY KEY (org, name)
+);
+CREATE TABLE IF NOT EXISTS key_settings (
+    key_id TEXT NOT NULL REFERENCES keys(id) ON DELETE CASCADE,
+    name   TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (key_id, name)
 );
 """
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,63}")
@@ -142,6 +151,8 @@ class Loaded:
     keys: list[LoadedKey]
     #: Every organisation's settings as stored (text), by organisation then name.
     settings: dict[str, dict[str, str]]
+    #: The active keys' own settings as stored (text), by key id then name.
+    key_settings: dict[str, dict[str, str]] = attrs.field(factory=dict)
 
     @classmethod
     def from_rows(
@@ -149,13 +160,25 @@ class Loaded:
         revision: int,
         key_rows: Iterable[Sequence[Any]],
         setting_rows: Iterable[Sequence[Any]],
+        key_setting_rows: Iterable[Sequence[Any]] = (),
     ) -> Loaded:
-        """From ``(id, hash, org, tags, scopes)`` and ``(org, name, value)`` rows (either store)."""
-        settings: dict[str, dict[str, str]] = {}
-        for org, name, value in setting_rows:
-            settings.setdefault(org, {})[name] = value
+        """From ``(id, hash, org, tags, scopes)``, ``(org, name, value)`` and
+        ``(key_id, name, value)`` rows (either store)."""
         keys = [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in key_rows]
-        return cls(revision=revision, keys=keys, settings=settings)
+        return cls(
+            revision=revision,
+            keys=keys,
+            settings=grouped(setting_rows),
+            key_settings=grouped(key_setting_rows),
+        )
+
+
+def grouped(rows: Iterable[Sequence[Any]]) -> dict[str, dict[str, str]]:
+    """``(owner, name, value)`` rows as ``{owner: {name: value}}``, in the rows' order."""
+    found: dict[str, dict[str, str]] = {}
+    for owner, name, value in rows:
+        found.setdefault(owner, {})[name] = value
+    return found
 
 
 def _now() -> str:
@@ -339,7 +362,61 @@ class KeyStore:
                 _bump(conn)
         return frozenset(removed)
 
+    def update_key_settings(
+        self, key_id: str, values: Mapping[str, str], unset: Iterable[str] = ()
+    ) -> frozenset[str] | None:
+        """As :meth:`update_org_settings`, for one key (revoked or not); None: no such key."""
+        with self._connect() as conn:
+            if conn.execute("SELECT 1 FROM keys WHERE id = ?", (key_id,)).fetchone() is None:
+                return None
+            removed = set()
+            for name in unset:
+                cursor = conn.execute(
+                    "DELETE FROM key_settings WHERE key_id = ? AND name = ?", (key_id, name)
+                )
+                if cursor.rowcount:
+                    removed.add(name)
+            conn.executemany(
+                "INSERT INTO key_settings (key_id, name, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (key_id, name) DO UPDATE SET value = excluded.value",
+                [(key_id, name, value) for name, value in values.items()],
+            )
+            if values or removed:
+                _bump(conn)
+        return frozenset(removed)
+
     # --- reads ---
+
+    def key(self, key_id: str) -> KeyRow | None:
+        with self._connect() as conn:
+            r = conn.execute(
+                "SELECT id, org, scopes, created, revoked FROM keys WHERE id = ?", (key_id,)
+            ).fetchone()
+        return None if r is None else KeyRow(r[0], r[1], _loads(r[2]), r[3], r[4])
+
+    def key_settings(
+        self, *, org: str | None = None, key_id: str | None = None
+    ) -> dict[str, dict[str, str]]:
+        """Keys' settings as stored (text), by key id then name; revoked keys' too.
+
+        Every key's, or those of ``org``'s keys, or of the key ``key_id``.
+        """
+        query = (
+            "SELECT s.key_id, s.name, s.value FROM key_settings s JOIN keys k ON k.id = s.key_id"
+        )
+        conditions: list[str] = []
+        params: list[str] = []
+        if org is not None:
+            conditions.append("k.org = ?")
+            params.append(org)
+        if key_id is not None:
+            conditions.append("k.id = ?")
+            params.append(key_id)
+        if conditions:
+            query += " WHERE " + " AND ".join(conditions)
+        with self._connect() as conn:
+            rows = conn.execute(query + " ORDER BY k.created, k.id, s.name", params).fetchall()
+        return grouped(rows)
 
     def list_keys(self, org: str | None = None) -> list[KeyRow]:
         query = "SELECT id, org, scopes, created, revoked FROM keys"
@@ -382,7 +459,7 @@ class KeyStore:
         return value
 
     def load_active(self) -> Loaded:
-        """The revision, every active key with its org's tags, and the orgs' settings.
+        """The revision, every active key with its org's tags, the orgs' and the keys' settings.
 
         Read in one transaction: keys and settings are those of the revision.
         """
@@ -394,7 +471,11 @@ class KeyStore:
                 "JOIN orgs o ON o.name = k.org WHERE k.revoked IS NULL"
             ).fetchall()
             setting_rows = conn.execute("SELECT org, name, value FROM org_settings").fetchall()
-        return Loaded.from_rows(revision, rows, setting_rows)
+            key_setting_rows = conn.execute(
+                "SELECT s.key_id, s.name, s.value FROM key_settings s "
+                "JOIN keys k ON k.id = s.key_id WHERE k.revoked IS NULL"
+            ).fetchall()
+        return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows)
 
 
 def _new_connection(path: Path, *, shared: bool) -> sqlite3.Connection:

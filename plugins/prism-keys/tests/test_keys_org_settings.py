@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import prism_keys.cli
+import prism_keys.cli_settings
 import pytest
 from prism_keys import KeyStore, ring_of
+from prism_keys.store import SCHEMA_VERSION
 
 from prism_proxy import Call, OrgSetting, hookimpl, is_region
 from prism_proxy.cli import main
@@ -70,7 +71,7 @@ class DeclaresNothing:
 def cli_plugins(monkeypatch: pytest.MonkeyPatch, plugin: object) -> None:
     """The plugins `prism keys` loads for its declarations: the installed ones and ``plugin``."""
     monkeypatch.setattr(
-        prism_keys.cli,
+        prism_keys.cli_settings,
         "declared_org_settings",
         lambda config: org_settings(
             config, make_plugin_manager(config, extra_plugins=[(plugin, PLUGIN_NAME)])
@@ -244,13 +245,14 @@ def test_a_version_1_database_is_migrated_when_opened(ini, capsys, declares):
     key = create_key(ini, capsys, "acme")
     # Made by the prism-keys before organisation settings.
     with contextlib.closing(sqlite3.connect(ini.parent / "keys.db")) as db, db:
+        db.execute("DROP TABLE key_settings")
         db.execute("DROP TABLE org_settings")
         db.execute("PRAGMA user_version = 1")
 
     status, _, _ = keys_cli(ini, capsys, "org-set", "acme", "test_budget=3")
     assert status == 0
     with contextlib.closing(sqlite3.connect(ini.parent / "keys.db")) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     loaded = KeyStore(ini.parent / "keys.db").load_active()
     assert [row.key_id for row in loaded.keys] == [key.split("-")[2]]
     assert loaded.settings == {"acme": {"test_budget": "3"}}
