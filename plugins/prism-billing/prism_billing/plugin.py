@@ -13,7 +13,19 @@ from typing import Any
 
 from aiohttp import web
 
-from prism_proxy import CatalogKeys, CheckLine, Commands, Config, Generation, OrgSetting, hookimpl
+from prism_proxy import (
+    PRICING,
+    SPEND,
+    CatalogKeys,
+    CheckLine,
+    Commands,
+    Config,
+    Generation,
+    Offer,
+    OrgSetting,
+    hookimpl,
+    provide,
+)
 
 from .admission import GUARD_OBJECT, LedgerGuard
 from .authorised import SETTING, PriceGate
@@ -24,6 +36,7 @@ from .ledger import LedgerWriter
 from .pg_ledger import PostgresLedgerWriter
 from .prices import PriceBook, price_lines
 from .settings import PLUGIN_NAME, BillingSettings
+from .spend import BillingPricing, LedgerSpend
 from .spool import Spool
 from .usage_api import USAGE_PATH, usage_handler
 
@@ -33,24 +46,38 @@ def prism_catalog_keys() -> CatalogKeys:
     return CatalogKeys(binding=frozenset({"price"}))
 
 
-@hookimpl
-def prism_generation(generation: Generation) -> None:
-    settings = BillingSettings.from_config(generation.config)
-    catalog = generation.catalog
+def _settings(generation: Generation) -> BillingSettings:
+    return generation.memo(
+        "billing.settings", lambda: BillingSettings.from_config(generation.config)
+    )
+
+
+def _billing(generation: Generation) -> tuple[BillingSettings, PriceBook]:
+    """The generation's settings and price book, built once: billing bills with the very
+    prices the ``pricing`` service hands out, whichever asks first."""
+    return generation.memo("billing.prices", lambda: _price_book(generation))
+
+
+def _price_book(generation: Generation) -> tuple[BillingSettings, PriceBook]:
+    settings = _settings(generation)
     # Every line a call could be served by, a routing rule's own lines included;
     # checked even with billing off: a typo in a price is still a mistake.
-    lines = [*price_lines(catalog), *generation.added_lines()]
+    lines = [*price_lines(generation.catalog), *generation.added_lines()]
     prices = PriceBook.from_lines(
-        catalog.source, lines, require=settings.enabled and settings.require_prices
+        generation.catalog.source, lines, require=settings.enabled and settings.require_prices
     )
-    if any(price is not None for price in prices.by_line.values()):
-        generation.register(PriceGate(prices), "billing.price-gate")
+    return settings, prices
+
+
+def _ledger(generation: Generation, settings: BillingSettings) -> LedgerLifecycle | None:
+    """The kept ledger writer for ``settings`` (None: billing off); the same object for
+    every ask in a generation, and across generations with the same ledger."""
     url = settings.ledger_url
     if url is not None:
         # One writer (one pool, one spool) per database, batch size and spool,
         # kept across reloads like the SQLite writer.
         spool_path, spool_max = settings.spool_path, settings.spool_max_bytes
-        pg = generation.keep(
+        return generation.keep(
             ("billing", url, settings.max_batch_rows, spool_path, spool_max),
             lambda: LedgerLifecycle(
                 PostgresLedgerWriter(
@@ -64,19 +91,14 @@ def prism_generation(generation: Generation) -> None:
                 settings.source,
             ),
         )
-        pg.writer.serve(generation, settings.commit_delay_ms / 1000)
-        generation.register(Billing(settings, prices, pg.writer, generation.clock), PLUGIN_OBJECT)
-        if isinstance(pg.writer, PostgresLedgerWriter):  # always: kept under a ledger_url key
-            generation.register(LedgerGuard(pg.writer), GUARD_OBJECT)
-        return
     path = settings.ledger_path
     if path is None:
-        return
+        return None
     # One writer per ledger file and write settings, kept across reloads: its
     # group commit and its connection serve every generation that bills into
     # that file alike.  New write settings get a writer of their own (SQLite
     # serialises the two while the old generation drains).
-    kept = generation.keep(
+    return generation.keep(
         ("billing", path, settings.synchronous, settings.max_batch_rows),
         lambda: LedgerLifecycle(
             LedgerWriter(
@@ -88,9 +110,38 @@ def prism_generation(generation: Generation) -> None:
             settings.source,
         ),
     )
+
+
+@hookimpl
+def prism_services(generation: Generation) -> list[Offer[Any]] | None:
+    settings = _settings(generation)
+    if not settings.enabled:
+        return None
+
+    def pricing() -> BillingPricing:
+        # The very price book this generation's Billing charges with.
+        return BillingPricing(settings.currency, _billing(generation)[1])
+
+    def spend() -> LedgerSpend:
+        kept = _ledger(generation, settings)
+        assert kept is not None  # billing is on: there is a ledger
+        return LedgerSpend(kept.writer)
+
+    return [provide(PRICING, pricing), provide(SPEND, spend)]
+
+
+@hookimpl
+def prism_generation(generation: Generation) -> None:
+    settings, prices = _billing(generation)
+    if any(price is not None for price in prices.by_line.values()):
+        generation.register(PriceGate(prices), "billing.price-gate")
+    kept = _ledger(generation, settings)
+    if kept is None:
+        return
     kept.writer.serve(generation, settings.commit_delay_ms / 1000)
-    billing = Billing(settings, prices, kept.writer, generation.clock)
-    generation.register(billing, PLUGIN_OBJECT)
+    generation.register(Billing(settings, prices, kept.writer, generation.clock), PLUGIN_OBJECT)
+    if isinstance(kept.writer, PostgresLedgerWriter):
+        generation.register(LedgerGuard(kept.writer), GUARD_OBJECT)
 
 
 @hookimpl
