@@ -1,0 +1,1 @@
+"""prism-limits: rate limits and budgets per key and organisation, exact across the fleet."""

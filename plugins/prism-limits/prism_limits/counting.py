@@ -1,0 +1,223 @@
+"""Counting against limits: what a call asks for, what it holds, and the gateway's own counters.
+
+Every engine keeps the same three kinds of counter and decides the same way:
+
+- a **window** (rpm, tpm): amounts per second; what the last 60 seconds hold
+  plus what the call asks for must not exceed the limit;
+- **in flight** (max_parallel): one lease per call, given back when it settles
+  (or lost by a dead gateway when its lease runs out);
+- a **budget**: what was spent in the period (settled, from the ledger) plus
+  what calls in flight reserved (each its worst case) plus this call's
+  reservation must not exceed the amount, unless the budget is soft.  A
+  budget counter the engine does not hold (a new period, a new budget, an
+  engine that came back empty) is rebuilt from the ledger before it is used.
+
+A call is checked against all its limits and, only if it fits every one,
+reserved on all of them at once: a refusal reserves nothing.
+:class:`LocalCounters` is the per-process engine; prism-limits' fleet engine
+does the same in one Redis script.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+
+import attrs
+
+from .limits import Kind, Limit
+
+__all__ = ["WINDOW_S", "Ask", "Decision", "Held", "LocalCounters", "Reading"]
+
+#: The sliding window of rpm and tpm.
+WINDOW_S = 60
+
+
+@attrs.frozen
+class Ask:
+    """One limit's share of a call: ``amount`` requests, tokens, a slot or nano-units."""
+
+    limit: Limit
+    #: The counter's name (a budget's includes its period's start).
+    counter: str
+    amount: int
+    #: A budget's period end (POSIX seconds), None for the others and ``total``.
+    reset_at: int | None = None
+    #: The limit as it applies here (below ``limit.value`` while sharing it out).
+    value: int = -1
+
+    @property
+    def effective(self) -> int:
+        return self.limit.value if self.value < 0 else self.value
+
+
+@attrs.frozen
+class Reading:
+    """What remains of one limit after the call (or at the refusal), and when it frees up."""
+
+    remaining: int
+    reset_s: float
+
+
+@attrs.frozen
+class Decision:
+    """The engine's answer: ``refused`` is the index of the first limit the call did not fit."""
+
+    readings: tuple[Reading, ...]
+    refused: int | None = None
+    #: Budget counters the engine does not hold: rebuild them, then ask again.
+    missing: tuple[str, ...] = ()
+    #: Gateways the engine saw lately (for sharing limits out if it goes away).
+    gateways: int = 1
+
+
+@attrs.define
+class Held:
+    """What a call holds until it settles."""
+
+    asks: Sequence[Ask]
+    member: str
+    #: The second the window amounts were counted in (for the correction at settlement).
+    second: int
+    #: The engine that holds it (the local one while shared state was away).
+    engine: object = None
+
+
+@attrs.define
+class _Budget:
+    spent: int
+    reserved: dict[str, int] = attrs.field(factory=dict)
+
+
+@attrs.define
+class LocalCounters:
+    """The engine of one gateway process: exact for that process, shared with nobody."""
+
+    windows: dict[str, dict[int, int]] = attrs.field(factory=dict)
+    inflight: dict[str, set[str]] = attrs.field(factory=dict)
+    budgets: dict[str, _Budget] = attrs.field(factory=dict)
+
+    async def lifecycle(self) -> AsyncIterator[None]:
+        yield  # in memory: nothing to open or close
+
+    def admit(self, asks: Sequence[Ask], member: str, now: float) -> Decision:
+        second = int(now)
+        missing = tuple(
+            ask.counter
+            for ask in asks
+            if ask.limit.kind is Kind.BUDGET and ask.counter not in self.budgets
+        )
+        if missing:
+            return Decision((), missing=missing)
+        readings: list[Reading] = []
+        refused: int | None = None
+        for index, ask in enumerate(asks):
+            fits, reading = self._check(ask, second, now)
+            readings.append(reading)
+            if not fits and refused is None:
+                refused = index
+        if refused is not None:
+            return Decision(tuple(readings), refused)
+        for ask in asks:
+            self._take(ask, member, second)
+        return Decision(tuple(readings))
+
+    def _check(self, ask: Ask, second: int, now: float) -> tuple[bool, Reading]:
+        value = ask.effective
+        kind = ask.limit.kind
+        if kind is Kind.WINDOW:
+            buckets = self.windows.get(ask.counter)
+            used = 0
+            if buckets:
+                for old in [at for at in buckets if at <= second - WINDOW_S]:
+                    del buckets[old]
+                used = sum(buckets.values())
+            fits = used + ask.amount <= value
+            after = used + ask.amount if fits else used
+            return fits, Reading(max(value - after, 0), _window_reset(buckets, second, now))
+        if kind is Kind.PARALLEL:
+            held = len(self.inflight.get(ask.counter, ()))
+            fits = held + 1 <= value
+            return fits, Reading(max(value - held - (1 if fits else 0), 0), 1.0)
+        budget = self.budgets[ask.counter]
+        committed = budget.spent + sum(budget.reserved.values())
+        fits = ask.limit.soft or committed + ask.amount <= value
+        after = committed + ask.amount if fits else committed
+        reset = math.inf if ask.reset_at is None else max(ask.reset_at - now, 0.0)
+        return fits, Reading(max(value - after, 0), reset)
+
+    def _take(self, ask: Ask, member: str, second: int) -> None:
+        kind = ask.limit.kind
+        if kind is Kind.WINDOW:
+            buckets = self.windows.setdefault(ask.counter, {})
+            buckets[second] = buckets.get(second, 0) + ask.amount
+        elif kind is Kind.PARALLEL:
+            self.inflight.setdefault(ask.counter, set()).add(member)
+        else:
+            self.budgets[ask.counter].reserved[member] = ask.amount
+
+    def rebuilt(self, counter: str, spent: int) -> None:
+        """A budget counter rebuilt from the ledger (kept if another rebuild came first)."""
+        self.budgets.setdefault(counter, _Budget(spent))
+
+    def settle(
+        self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
+    ) -> list[int]:
+        """Give back what ``held`` reserved and count what was used.
+
+        ``tokens`` replace the window reservations of tpm (in the second they
+        were counted in, while it is still in the window); ``cost`` is added
+        to the budget counters of the period it settled in
+        (``spend_counters``, one per budget ask, in order).  Returns each
+        budget's spend after.
+        """
+        spent_after: list[int] = []
+        for ask in held.asks:
+            kind = ask.limit.kind
+            if kind is Kind.WINDOW:
+                if ask.limit.metric == "tpm" and tokens != ask.amount:
+                    buckets = self.windows.get(ask.counter)
+                    if buckets is not None and held.second in buckets:
+                        buckets[held.second] = max(buckets[held.second] + tokens - ask.amount, 0)
+            elif kind is Kind.PARALLEL:
+                self.inflight.get(ask.counter, set()).discard(held.member)
+            else:
+                budget = self.budgets.get(ask.counter)
+                if budget is not None:
+                    budget.reserved.pop(held.member, None)
+        for counter in spend_counters:
+            budget = self.budgets.get(counter)
+            if budget is None:
+                spent_after.append(-1)  # a new period nobody asked about yet: the ledger has it
+                continue
+            budget.spent += cost
+            spent_after.append(budget.spent)
+        return spent_after
+
+    def readings(self, asks: Sequence[Ask], now: float) -> list[int | None]:
+        """What each limit holds now (None: a budget nobody counted yet)."""
+        found: list[int | None] = []
+        for ask in asks:
+            kind = ask.limit.kind
+            if kind is Kind.WINDOW:
+                buckets = self.windows.get(ask.counter, {})
+                found.append(sum(v for at, v in buckets.items() if at > int(now) - WINDOW_S))
+            elif kind is Kind.PARALLEL:
+                found.append(len(self.inflight.get(ask.counter, ())))
+            else:
+                budget = self.budgets.get(ask.counter)
+                found.append(
+                    None if budget is None else budget.spent + sum(budget.reserved.values())
+                )
+        return found
+
+    def forget_budgets(self) -> None:
+        """Rebase: every budget counter is rebuilt from the ledger on its next use."""
+        self.budgets.clear()
+
+
+def _window_reset(buckets: dict[int, int] | None, second: int, now: float) -> float:
+    """Seconds until the oldest amount in the window leaves it."""
+    if not buckets:
+        return 0.0
+    return max(min(buckets) + WINDOW_S - now, 0.0)

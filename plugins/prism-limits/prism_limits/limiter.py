@@ -1,0 +1,378 @@
+"""One generation's limiter: admits calls against their limits, settles what they used.
+
+Admission (``prism_admit_call``) works out every limit that applies to the
+call and what the call asks of each (a request; its prompt estimate plus its
+output cap in tokens; a slot; its worst-case cost on the dearest line of its
+route), then asks the engine once: the fleet's counters in Redis when
+prism-redis provides shared state, else this process's own.  Settlement
+(``prism_settle``) gives back the reservations and counts what the serving
+attempt really used, priced by billing (the ``pricing`` service).  A budget
+counter the engine does not hold is rebuilt from the ledger (the ``spend``
+service) before it is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from prism_proxy import (
+    Binding,
+    Call,
+    Pricing,
+    PrismError,
+    Settlement,
+    SharedState,
+    SpendLedger,
+    Telemetry,
+    Usage,
+    output_cap,
+    prompt_tokens,
+)
+
+from .counting import Ask, Decision, Held, LocalCounters
+from .fleet import FleetCounters
+from .limits import BUDGET, MAX_PARALLEL, RPM, TPM, Kind, Limit, applying, format_money
+from .periods import window
+from .settings import LimitsSettings
+
+__all__ = ["HELD", "Limiter"]
+
+log = logging.getLogger("prism.limits")
+
+#: ``call.extensions`` key of what a call holds until it settles.
+HELD = "limits"
+
+
+class Limiter:
+    """Limits for one generation; the counters outlive it (kept by the plugin)."""
+
+    def __init__(
+        self,
+        settings: LimitsSettings,
+        local: LocalCounters,
+        *,
+        fleet: FleetCounters | None = None,
+        link: SharedState | None = None,
+        pricing: Pricing | None = None,
+        spend: SpendLedger | None = None,
+        telemetry: Telemetry | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.defaults = settings.defaults()
+        self.local = local
+        self.fleet = fleet
+        self.link = link
+        self.pricing = pricing
+        self.spend = spend
+        self.telemetry = telemetry or Telemetry()
+        self.wall = wall
+        #: Gateways the fleet engine saw lately: the share of a limit while it is away.
+        self.gateways = 1
+
+    # -- admission -----------------------------------------------------------
+
+    def limits_of(self, call: Call) -> list[Limit]:
+        model = call.model
+        if model is None or call.traffic != "customer":
+            return []
+        principal = call.principal
+        return applying(
+            principal.org,
+            principal.key_id,
+            principal.settings,
+            principal.key_settings,
+            self.defaults,
+            model.name,
+        )
+
+    def admit(self, call: Call) -> Awaitable[None] | None:
+        limits = self.limits_of(call)
+        if not limits:
+            return None
+        return self._admit(call, self._asks(call, limits))
+
+    def _asks(self, call: Call, limits: Sequence[Limit]) -> list[Ask]:
+        now = self.wall()
+        asks: list[Ask] = []
+        tokens: int | None = None
+        worst: int | None = None
+        for limit in limits:
+            metric = limit.metric
+            if metric == RPM or metric == MAX_PARALLEL:
+                asks.append(Ask(limit, limit.counter, 1))
+            elif metric == TPM:
+                if tokens is None:
+                    tokens = self._tokens(call)
+                asks.append(Ask(limit, limit.counter, tokens))
+            else:
+                if worst is None:
+                    worst = self.worst_case(call, self._route(call))
+                assert limit.period is not None
+                span = window(limit.period, now)
+                asks.append(Ask(limit, f"{limit.counter}:{span.name}", worst, span.end))
+        return asks
+
+    @staticmethod
+    def _route(call: Call) -> Sequence[Binding]:
+        route = call.route
+        return route.bindings if route is not None else ()
+
+    def _tokens(self, call: Call) -> int:
+        """The prompt estimate plus the output cap the request or its first line sets
+        (none set: the prompt alone; the real count corrects it at settlement)."""
+        prompt = prompt_tokens(call)
+        bindings = self._route(call)
+        if not bindings:
+            return prompt
+        cap = output_cap(call.endpoint, call.body, bindings[0])
+        return prompt + (0 if cap >= 1_000_000 else cap)
+
+    def worst_case(self, call: Call, bindings: Sequence[Binding]) -> int:
+        """The most the call can cost on the dearest of ``bindings`` (nano-units)."""
+        pricing = self.pricing
+        if pricing is None:
+            return 0
+        prompt = prompt_tokens(call)
+        worst = 0
+        for binding in bindings:
+            usage = Usage(
+                input_tokens=prompt,
+                output_tokens=output_cap(call.endpoint, call.body, binding),
+            )
+            worst = max(worst, pricing.cost(binding, usage))
+        return worst
+
+    async def _admit(self, call: Call, asks: list[Ask]) -> None:
+        member = call.request_id
+        fleet = self.fleet
+        engine: object = self.local
+        decision: Decision | None = None
+        second = int(self.wall())
+        if fleet is not None and self._shared():
+            try:
+                decision, second = await self._fleet_admit(fleet, asks, member)
+                engine = fleet
+            except Exception as exc:  # an engine that does not answer: its guard said so
+                log.debug("limits: shared state did not answer (%s)", type(exc).__name__)
+                decision = None
+        if decision is None:
+            if fleet is not None:
+                if self.settings.on_shared_state_loss == "open":
+                    return
+                if self.settings.on_shared_state_loss == "closed":
+                    call.response_headers["Retry-After"] = "5"
+                    raise PrismError(
+                        503,
+                        "limits_unavailable",
+                        "Prism cannot count this call against its limits right now (its "
+                        "shared state does not answer), so it refused it before calling any "
+                        "provider; retry shortly",
+                        type="api_error",
+                    )
+                asks = [_shared_out(ask, self.gateways) for ask in asks]
+            decision = await self._local_admit(asks, member)
+        self.gateways = max(decision.gateways, 1) if engine is fleet else self.gateways
+        _headers(call, asks, decision)
+        if decision.refused is not None:
+            self._refuse(call, asks[decision.refused], decision)
+        held = Held(asks, member, second, engine)
+        call.extensions[HELD] = held
+        if fleet is not None and engine is fleet:
+            fleet.held[member] = held
+
+    def _shared(self) -> bool:
+        link = self.link
+        return link is not None and link.healthy
+
+    async def _fleet_admit(
+        self, fleet: FleetCounters, asks: list[Ask], member: str
+    ) -> tuple[Decision, int]:
+        decision, second = await fleet.admit(asks, member)
+        if decision.missing:
+            for ask in asks:
+                if ask.counter in decision.missing:
+                    spent = await self._ledger_spend(ask)
+                    await fleet.rebuilt(ask.counter, spent, ask.reset_at)
+            decision, second = await fleet.admit(asks, member)
+        return decision, second
+
+    async def _local_admit(self, asks: list[Ask], member: str) -> Decision:
+        decision = self.local.admit(asks, member, self.wall())
+        if decision.missing:
+            for ask in asks:
+                if ask.counter in decision.missing:
+                    self.local.rebuilt(ask.counter, await self._ledger_spend(ask))
+            decision = self.local.admit(asks, member, self.wall())
+        return decision
+
+    async def _ledger_spend(self, ask: Ask) -> int:
+        """What the ledger says ``ask``'s owner spent in the budget's current period."""
+        spend = self.spend
+        if spend is None:
+            return 0
+        limit = ask.limit
+        assert limit.period is not None
+        totals = await spend.spend_since(window(limit.period, self.wall()).since())
+        owner = limit.owner
+        total = 0
+        for (org, key_id, model), spent in totals.items():
+            if limit.model is not None and model != limit.model:
+                continue
+            if owner.scope == "organisation" and org != owner.name:
+                continue
+            if owner.scope == "key" and key_id != owner.name:
+                continue
+            if owner.scope == "default" and (
+                org is not None or (key_id or "anonymous") != owner.name
+            ):
+                continue
+            total += spent.nanos
+        return total
+
+    def _refuse(self, call: Call, ask: Ask, decision: Decision) -> None:
+        limit = ask.limit
+        assert decision.refused is not None
+        reading = decision.readings[decision.refused]
+        self.telemetry.count(
+            "prism_limit_refusals_total", limit=limit.metric, scope=limit.owner.scope
+        )
+        headers = call.response_headers
+        if limit.kind is Kind.BUDGET:
+            wait = reading.reset_s
+            if math.isfinite(wait):
+                headers["Retry-After"] = str(max(1, math.ceil(wait)))
+            # Waiting a few seconds cannot help: the SDKs must not retry on their own.
+            headers["x-should-retry"] = "false"
+            resets = (
+                "never (a total budget)"
+                if not math.isfinite(wait)
+                else f"in {max(1, math.ceil(wait))} s"
+            )
+            raise PrismError(
+                429,
+                "budget_exceeded",
+                f"budget exceeded: {limit.describe()} (this call could cost up to "
+                f"{format_money(ask.amount)} with its output cap; "
+                f"{format_money(reading.remaining)} remains; the period resets {resets}; "
+                "a smaller max_tokens reserves less)",
+                type="insufficient_quota",
+            )
+        wait = reading.reset_s if limit.kind is Kind.WINDOW else 1.0
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        raise PrismError(
+            429, "rate_limited", f"rate limited: {limit.describe()}", type="rate_limit_error"
+        )
+
+    # -- attempts and settlement ---------------------------------------------
+
+    def veto(self, call: Call, binding: Binding) -> str | None:
+        """A line dearer than the call's reservation (a fallback off its route) is not tried."""
+        held = call.extensions.get(HELD)
+        if held is None:
+            return None
+        reserved = [ask.amount for ask in held.asks if ask.limit.kind is Kind.BUDGET]
+        if not reserved or self.pricing is None:
+            return None
+        if self.worst_case(call, (binding,)) > min(reserved):
+            return "limits: could cost more than the call's budget reservation"
+        return None
+
+    def settle(self, call: Call, settlement: Settlement) -> None:
+        held: Held | None = call.extensions.pop(HELD, None)
+        if held is None:
+            return
+        served = settlement.served
+        usage = settlement.usage
+        tokens = cost = 0
+        if served is not None:
+            if usage is not None:
+                tokens = usage.input_tokens + usage.output_tokens
+            if self.pricing is not None:
+                cost = self.pricing.cost(served.binding, usage)
+        now = self.wall()
+        spend_counters = [
+            f"{ask.limit.counter}:{window(ask.limit.period, now).name}"
+            for ask in held.asks
+            if ask.limit.kind is Kind.BUDGET and ask.limit.period is not None
+        ]
+        fleet = self.fleet
+        if fleet is not None and held.engine is fleet:
+            fleet.held.pop(held.member, None)
+            fleet.spawn(self._fleet_settle(fleet, held, tokens, cost, spend_counters))
+        else:
+            self.local.settle(held, tokens, cost, spend_counters)
+
+    async def _fleet_settle(
+        self, fleet: FleetCounters, held: Held, tokens: int, cost: int, counters: list[str]
+    ) -> None:
+        try:
+            await fleet.settle(held, tokens, cost, counters)
+        except Exception as exc:
+            # Its reservations run out with their leases; the ledger has its cost, and
+            # the counters are rebuilt from it.
+            log.warning(
+                "limits: could not settle %s in shared state (%s)", held.member, type(exc).__name__
+            )
+
+    # -- what a caller may know ----------------------------------------------
+
+    async def report(self, call: Call) -> list[Mapping[str, Any]]:
+        """The limits that apply to ``call``'s caller on its model, with what remains."""
+        limits = self.limits_of(call)
+        asks = self._asks(call, limits)
+        readings = self.local.readings(asks, self.wall())
+        if self.fleet is not None and self._shared():
+            readings = await self.fleet.readings(asks)
+        found: list[Mapping[str, Any]] = []
+        for ask, used in zip(asks, readings, strict=True):
+            limit = ask.limit
+            entry: dict[str, Any] = {"scope": limit.owner.scope, "limit": limit.setting}
+            if limit.kind is Kind.BUDGET:
+                assert limit.period is not None
+                entry["value"] = format_money(limit.value)
+                entry["period"] = limit.period.value
+                entry["mode"] = "soft" if limit.soft else "hard"
+                spent = await self._ledger_spend(ask) if used is None else used
+                entry["remaining"] = format_money(max(limit.value - spent, 0))
+                entry["resets_at"] = ask.reset_at
+            else:
+                entry["value"] = limit.value
+                entry["remaining"] = max(limit.value - (used or 0), 0)
+            found.append(entry)
+        return found
+
+
+def _shared_out(ask: Ask, gateways: int) -> Ask:
+    """This gateway's share of a limit while the fleet's counters are away."""
+    if gateways <= 1:
+        return ask
+    return Ask(ask.limit, ask.counter, ask.amount, ask.reset_at, ask.limit.value // gateways)
+
+
+def _headers(call: Call, asks: Sequence[Ask], decision: Decision) -> None:
+    """OpenAI's rate-limit headers for the tightest rpm and tpm, and the budget left."""
+    headers = call.response_headers
+    tightest: dict[str, tuple[int, int, float]] = {}
+    budget_left: int | None = None
+    for ask, reading in zip(asks, decision.readings, strict=False):
+        metric = ask.limit.metric
+        if metric in (RPM, TPM):
+            best = tightest.get(metric)
+            if best is None or reading.remaining < best[1]:
+                tightest[metric] = (ask.effective, reading.remaining, reading.reset_s)
+        elif metric == BUDGET and (budget_left is None or reading.remaining < budget_left):
+            budget_left = reading.remaining
+    for metric, suffix in ((RPM, "requests"), (TPM, "tokens")):
+        found = tightest.get(metric)
+        if found is not None:
+            limit, remaining, reset = found
+            headers[f"x-ratelimit-limit-{suffix}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{suffix}"] = str(remaining)
+            headers[f"x-ratelimit-reset-{suffix}"] = f"{max(reset, 0.0):.0f}s"
+    if budget_left is not None:
+        headers["x-prism-budget-remaining"] = format_money(budget_left)
