@@ -66,7 +66,8 @@ def test_a_region_name_that_is_not_one_stops_start_up(prism_fake, provider_regio
 
 
 class DeclaresBudget:
-    def __init__(self, name: str = "budget") -> None:
+    # Not ``budget``: prism-limits, installed beside the core, declares that one.
+    def __init__(self, name: str = "daily_budget") -> None:
         self.name = name
 
     @hookimpl
@@ -82,12 +83,12 @@ def test_organisation_settings_are_collected_and_a_clash_names_both(prism_fake):
     from prism_proxy import GATEWAY
 
     settings = app[GATEWAY].current.org_settings
-    assert settings["budget"].parse("2.5") == 2.5
+    assert settings["daily_budget"].parse("2.5") == 2.5
     with pytest.raises(ConfigError) as info:
         create_app(
             config_from_mapping({}, catalog_data=catalog(prism_fake)),
             plugins=[(DeclaresBudget(), "budget-a"), (DeclaresBudget(), "budget-b")],
         )
-    assert "'budget-a' and 'budget-b' both declare the organisation setting 'budget'" in str(
+    assert "'budget-a' and 'budget-b' both declare the organisation setting 'daily_budget'" in str(
         info.value
     )
