@@ -62,6 +62,7 @@ from .hookimpl import hookimpl
 from .orgs import OrgSetting, per_model_name, split_setting_name
 from .percentiles import percentile
 from .plugins import authenticating_plugins, declared_org_settings
+from .principals import Principals
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
@@ -79,6 +80,7 @@ from .services import (
     BREAKER_STORE,
     CAPACITY,
     PRICING,
+    PRINCIPALS,
     SERVICES,
     SHARED_STATE,
     SPEND,
@@ -115,6 +117,7 @@ __all__ = [
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
     "PRICING",
+    "PRINCIPALS",
     "SERVICES",
     "SERVING_OUTCOMES",
     "SHARED_STATE",
@@ -157,6 +160,7 @@ __all__ = [
     "ParamProfile",
     "Pricing",
     "Principal",
+    "Principals",
     "PrismError",
     "Provider",
     "ProviderFactory",

@@ -71,9 +71,10 @@ def prism_services(generation: Generation) -> Iterable[Offer[Any]] | None:
     Called for every generation, before any ``prism_generation``.  Return
     ``[provide(SERVICE, make), ...]`` for the services the core declares
     (``prism_proxy.SERVICES``: ``CAPACITY``, ``TELEMETRY``, ``BREAKER_STORE``,
-    ``BREAKER``, ``SHARED_STATE``, ``PRICING``, ``SPEND``), or None when this configuration leaves
-    the plugin inactive.  ``make()`` runs at most once per generation, the
-    first time a consumer asks (``generation.services.get(SERVICE)``); it may
+    ``BREAKER``, ``SHARED_STATE``, ``PRICING``, ``SPEND``, ``PRINCIPALS``),
+    or None when this configuration leaves the plugin inactive.  ``make()``
+    runs at most once per generation, the first time a consumer asks
+    (``generation.services.get(SERVICE)``); it may
     ask for other services and use ``generation.keep``, and like
     ``prism_generation`` it touches no file and no network.  Its result must
     be an instance of the service's type.

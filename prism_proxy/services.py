@@ -30,6 +30,7 @@ import attrs
 from .breakerstate import BreakerView, StoreProvider
 from .capacity import Capacity
 from .errors import ConfigError
+from .principals import Principals
 from .spend import Pricing, SpendLedger
 from .telemetry import Telemetry
 
@@ -41,6 +42,7 @@ __all__ = [
     "BREAKER_STORE",
     "CAPACITY",
     "PRICING",
+    "PRINCIPALS",
     "SERVICES",
     "SHARED_STATE",
     "SPEND",
@@ -194,10 +196,26 @@ SPEND: Service[SpendLedger] = Service(
     "what the ledger says was spent, by organisation, key and model",
     ("prism-billing",),
 )
+#: Who an organisation or a key id is, for operator commands.
+PRINCIPALS: Service[Principals] = Service(
+    "principals",
+    Principals,  # type: ignore[type-abstract]
+    "who an organisation or a key id is, settings parsed (for operator commands)",
+    ("prism-keys",),
+)
 
 SERVICES: Mapping[str, Service[Any]] = {
     service.name: service
-    for service in (CAPACITY, TELEMETRY, BREAKER_STORE, BREAKER, SHARED_STATE, PRICING, SPEND)
+    for service in (
+        CAPACITY,
+        TELEMETRY,
+        BREAKER_STORE,
+        BREAKER,
+        SHARED_STATE,
+        PRICING,
+        SPEND,
+        PRINCIPALS,
+    )
 }
 
 _BUILDING = object()

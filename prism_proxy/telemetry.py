@@ -28,3 +28,6 @@ class Telemetry:
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """Record one value of a distribution (a histogram: seconds, tokens)."""
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        """Set a gauge to ``value`` (a level: a share of a budget used, a queue's depth)."""

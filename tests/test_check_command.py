@@ -67,7 +67,8 @@ async def test_check_reaches_postgresql_and_redis_and_writes_nothing(
     )
     assert line(out, "services") == (
         "services: capacity: redis, telemetry: metrics, breaker-store: redis, "
-        "breaker: breaker, shared-state: redis, pricing: billing, spend: billing"
+        "breaker: breaker, shared-state: redis, pricing: billing, spend: billing, "
+        "principals: keys"
     )
     # Read-only: no table in the database, no key in Redis.
     conn = await asyncpg.connect(prism_postgres)

@@ -16,27 +16,42 @@ and every worker's) and, to compare it with, one process with the same
 configuration; both share the breaker's state through prism-redis (``--redis``).
 ``--threads`` splits each one-process target's CPU per request between its
 main thread (the event loop) and its other threads (the ledger's writer),
-user and system time apart.
+user and system time apart.  ``--profile limits`` measures the full profile
+and the same with prism-limits (no limit applying; limits applying, counted
+in the process; counted in the Redis of ``--redis``, beside the full profile
+with prism-redis alone) and prints each against its reference.
 
     python contrib/bench/cpu_per_request.py [--duration 2] [--rounds 3] [--routing] [--workers 2]
-                                            [--threads] [--no-pin]
+                                            [--threads] [--no-pin] [--profile default|full|limits]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proc import cpu_seconds, split_cpus, thread_times
-from profiles import FULL_PLUGINS, add_profile, write_full_profile
-from run import add_without, fake_upstream_argv, write_prism_config
+from profiles import (
+    FULL_PLUGINS,
+    LIMITS_VARIANTS,
+    LimitsVariant,
+    add_profile,
+    forget_prefixes,
+    limits_prefix,
+    redis_answers,
+    verify_variant,
+    write_full_profile,
+)
+from run import add_without, fake_upstream_argv, free_port, http_request, write_prism_config
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -120,9 +135,10 @@ async def main(
             ("bare proxy", bare, BARE, None),
             ("prism", prism, PRISM, None),
         ]
-        if profile == "full":
+        if profile in ("full", "limits"):
             # Prism as operators run it, and once without each plugin: its marginal cost.
-            for i, left_out in enumerate((None, *FULL_PLUGINS)):
+            left_outs = (None, *FULL_PLUGINS) if profile == "full" else (None,)
+            for i, left_out in enumerate(left_outs):
                 name = "full" if left_out is None else f"full -{left_out}"
                 port = FULL_BASE + i
                 ini, key = write_full_profile(
@@ -130,6 +146,30 @@ async def main(
                 )
                 argv: list[str | Path] = [BIN / "prism", "serve", "--config", ini]
                 targets.append((name, start(argv, under_test), port, key))
+        variants: dict[str, tuple[LimitsVariant, int, str | None]] = {}
+        prefixes: list[str] = []
+        if profile == "limits":
+            # The full profile plus prism-limits, each variant on a free port of its own.
+            away = redis_answers(redis_url)
+            base = limits_prefix()
+            for number, variant in enumerate(LIMITS_VARIANTS):
+                if variant.redis and away is not None:
+                    print(f"{variant.name}: left out, {away}")
+                    continue
+                prefix = f"{base}-{number}"
+                if variant.redis:
+                    prefixes.append(prefix)
+                port = free_port()
+                ini, key = write_full_profile(
+                    Path(scratch) / f"limits-{number}",
+                    port,
+                    upstream_base,
+                    variant=variant,
+                    redis=(redis_url, prefix),
+                )
+                argv = [BIN / "prism", "serve", "--config", ini]
+                targets.append((variant.name, start(argv, under_test), port, key))
+                variants[variant.name] = (variant, port, key)
         if routing:
             routed = start([BIN / "prism", "serve", "--config", routed_config], under_test)
             targets.append(("prism+route", routed, ROUTED, None))
@@ -153,7 +193,8 @@ async def main(
                 # Unpinned, both: workers on one CPU would measure nothing of a second one.
                 targets.append((name, start(argv), port, None))
         try:
-            await asyncio.sleep(3 + len(targets) / 2)
+            for name, process, port, _ in targets:
+                wait_ready(name, process, port, "/healthz" if name == "bare proxy" else "/readyz")
             cpu: dict[tuple[str, bool], float] = {}
             # Only one-process targets: a supervisor's threads say nothing of its workers'.
             split_names = {n for n, *_ in targets if threads and not n.startswith("prism x")}
@@ -192,6 +233,8 @@ async def main(
                             f"{'':28} main thread {split[0]:4.0f} user {split[1]:4.0f} system, "
                             f"other threads {split[2]:4.0f} user {split[3]:4.0f} system (us each)"
                         )
+            if variants:
+                report_limits(cpu, variants)
             if profile == "full":
                 print("\nmarginal CPU per request (full minus full without the plugin):")
                 for plugin in FULL_PLUGINS:
@@ -209,20 +252,45 @@ async def main(
                 process.wait(15)
             if workers > 1:
                 forget_shared_state(redis_url, (SHARED, WORKERS))
+            if prefixes:
+                forget_prefixes(redis_url, prefixes)
+
+
+def wait_ready(name: str, process: subprocess.Popen[bytes], port: int, path: str) -> None:
+    """Until the server answers ``path`` with 200 (many start at once on one CPU: slowly)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode} before it was ready")
+        with contextlib.suppress(OSError):
+            if http_request(port, "GET", path, timeout=2.0)[0] == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} was not ready after 120 s")
+
+
+def report_limits(
+    cpu: dict[tuple[str, bool], float], variants: dict[str, tuple[LimitsVariant, int, str | None]]
+) -> None:
+    """Each limits variant against its reference measured in the same run, checked first."""
+    print("\nthe limits profile against its references (same run, median CPU per request):")
+    for name, (variant, port, key) in variants.items():
+        # After the load: a Redis that timed out under it would have the limits count locally.
+        problem = verify_variant(port, variant, key)
+        if problem is not None:
+            print(f"  {name}: NOT WHAT IT SHOULD BE ({problem}): its figures mean something else")
+        for reference in dict.fromkeys((variant.reference, "full")):
+            cells = []
+            for stream in (False, True):
+                ours, theirs = cpu[name, stream], cpu[reference, stream]
+                kind = "stream" if stream else "non-stream"
+                cells.append(f"{kind} {ours / theirs:.3f}x ({ours - theirs:+4.0f} us)")
+            print(f"  {name + ' / ' + reference:30} {'   '.join(cells)}")
 
 
 def forget_shared_state(redis_url: str, ports: Sequence[int]) -> None:
     """Delete the keys the ``--workers`` targets left in Redis (their prefixes are the bench's)."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for port in ports:
-            keys = list(client.scan_iter(match=f"prism-bench-{port}:*", count=500))
-            if keys:
-                client.delete(*keys)
-    finally:
-        client.close()
+    forget_prefixes(redis_url, [f"prism-bench-{port}" for port in ports])
 
 
 def cli(argv: Sequence[str] | None = None) -> None:
@@ -250,7 +318,9 @@ def cli(argv: Sequence[str] | None = None) -> None:
         help="also measure prism serve --workers N (N > 1) and one process, both with prism-redis",
     )
     parser.add_argument(
-        "--redis", default="redis://127.0.0.1:6379/0", help="the Redis --workers shares state in"
+        "--redis",
+        default="redis://127.0.0.1:6379/0",
+        help="the Redis --workers and --profile limits share state in",
     )
     parser.add_argument(
         "--threads",
@@ -258,7 +328,12 @@ def cli(argv: Sequence[str] | None = None) -> None:
         help="also split each one-process target's CPU between its main and other threads",
     )
     add_without(parser)
-    add_profile(parser, "also Prism with every bundled plugin on, and without each in turn")
+    add_profile(
+        parser,
+        "also Prism with every bundled plugin on, and without each in turn",
+        limits="also the full profile, then the same with prism-limits: no limit applying, "
+        "limits applying counted in the process, and counted in Redis",
+    )
     args = parser.parse_args(argv)
     asyncio.run(
         main(

@@ -5,29 +5,91 @@ SQLite at ``synchronous = full``), the breaker, regions (an allowed region by
 default), 200 routing rules of which none match, metrics and the timeout
 header.  ``without`` leaves one plugin out (and the configuration only it
 reads), so that full minus that plugin shows what the plugin costs.
+
+The ``limits`` profile is the full profile plus prism-limits, in the variants
+of :data:`LIMITS_VARIANTS`: no limit applying to the bench key's organisation,
+limits applying counted in the process, and the same counted in Redis (beside
+the full profile with prism-redis alone, whose breaker shares its state there
+too, so that the limits' own share of the Redis variant can be told apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
+import secrets
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FULL_PLUGINS", "RULES", "add_profile", "write_full_profile"]
+__all__ = [
+    "BENCH_LIMITS",
+    "FULL_PLUGINS",
+    "LIMITS_VARIANTS",
+    "RULES",
+    "LimitsVariant",
+    "add_profile",
+    "forget_prefixes",
+    "limits_prefix",
+    "redis_answers",
+    "shown",
+    "verify_variant",
+    "write_full_profile",
+]
 
 #: The plugins the full profile turns on (the provider kind is always there).
 FULL_PLUGINS = ("keys", "billing", "breaker", "regions", "rules", "metrics", "timeout-header")
 RULES = 200
 MODEL = "bench"
+#: The bench organisation's limits when they apply: one of each kind, all high enough
+#: never to refuse a call of the bench (the budget reserves a call's worst case, about 2
+#: with no max_tokens sent: 500,000 calls in flight before it would refuse).
+BENCH_LIMITS = (
+    "rpm=100000000",
+    "tpm=100000000000",
+    "max_parallel=100000",
+    "budget=1000000/month",
+)
+#: Redis commands may take this long before Redis counts as down: under callgrind a
+#: reply waits out other calls' work at a fiftieth of the speed, and the bench must
+#: measure the fleet's counters, not the fallback to local ones.
+REDIS_TIMEOUT_MS = 5000
 
 
-def add_profile(parser: argparse.ArgumentParser, full: str) -> None:
-    """``--profile default|full``; ``full`` says what the full profile adds to that script."""
-    parser.add_argument(
-        "--profile", choices=("default", "full"), default="default", help=f"full: {full}"
-    )
+@dataclass(frozen=True)
+class LimitsVariant:
+    """One target of the limits profile: the full profile plus what it says."""
+
+    name: str
+    #: prism-limits loaded.
+    limits: bool
+    #: The bench organisation has :data:`BENCH_LIMITS` (else no limit applies to its key).
+    applying: bool
+    #: prism-redis configured: the limits' counters and the breaker's state in Redis.
+    redis: bool
+    #: The target it is judged against (measured in the same run).
+    reference: str = "full"
+
+
+LIMITS_VARIANTS = (
+    LimitsVariant("full+limits none", limits=True, applying=False, redis=False),
+    LimitsVariant("full+limits local", limits=True, applying=True, redis=False),
+    LimitsVariant("full+redis", limits=False, applying=False, redis=True),
+    LimitsVariant(
+        "full+limits redis", limits=True, applying=True, redis=True, reference="full+redis"
+    ),
+)
+
+
+def add_profile(parser: argparse.ArgumentParser, full: str, limits: str | None = None) -> None:
+    """``--profile default|full`` (``|limits`` when ``limits`` says what that adds)."""
+    choices = ("default", "full") if limits is None else ("default", "full", "limits")
+    text = f"full: {full}" + ("" if limits is None else f"; limits: {limits}")
+    parser.add_argument("--profile", choices=choices, default="default", help=text)
 
 
 def _catalog(upstream_base: str, without: str | None) -> str:
@@ -53,20 +115,40 @@ def _catalog(upstream_base: str, without: str | None) -> str:
 
 
 def write_full_profile(
-    directory: Path, port: int, upstream_base: str, *, without: str | None = None
+    directory: Path,
+    port: int,
+    upstream_base: str,
+    *,
+    without: str | None = None,
+    variant: LimitsVariant | None = None,
+    redis: tuple[str, str] | None = None,
 ) -> tuple[Path, str | None]:
-    """The configuration (and the API key the load must send, None without keys)."""
+    """The configuration (and the API key the load must send, None without keys).
+
+    With ``variant``, the limits profile's target it names; ``redis`` is then the
+    URL and the key prefix of the Redis its state is shared in (if it uses one).
+    """
     from run import installed_plugin_names
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "catalog.toml").write_text(_catalog(upstream_base, without))
     keep = {"openai", *FULL_PLUGINS} - {without}
-    disable = sorted(set(installed_plugin_names()) - keep)
     sections = {
         "keys": "[prism:keys]\ndb_path = keys.sqlite\n",
         "billing": "[prism:billing]\nledger_path = ledger.sqlite\nsynchronous = full\n",
         "regions": "[prism:regions]\ndefault = eu-west-1\n",
     }
+    if variant is not None and variant.limits:
+        keep.add("limits")
+    if variant is not None and variant.redis:
+        if redis is None:
+            raise ValueError(f"{variant.name} needs a Redis URL and key prefix")
+        keep.add("redis")
+        url, prefix = redis
+        sections["redis"] = (
+            f"[prism:redis]\nurl = {url}\nkey_prefix = {prefix}\ntimeout_ms = {REDIS_TIMEOUT_MS}\n"
+        )
+    disable = sorted(set(installed_plugin_names()) - keep)
     ini = directory / "prism.ini"
     ini.write_text(
         "[prism]\n"
@@ -80,13 +162,105 @@ def write_full_profile(
     key = None
     if without != "keys":
         key = _create_key(ini)
+        if variant is not None and variant.applying:
+            _keys_cli(ini, "org-set", "bench", *BENCH_LIMITS)
     return ini, key
 
 
 def _create_key(ini: Path, argv: Sequence[str] = ()) -> str:
-    made = subprocess.run(
-        [sys.executable, "-m", "prism_proxy.cli", "keys", "create", "--config", str(ini),
-         "--org", "bench", "--scopes", "*", *argv],
-        capture_output=True, text=True, check=True, timeout=60,
+    made = _keys_cli(ini, "create", "--org", "bench", "--scopes", "*", *argv)
+    return made.strip().splitlines()[-1]
+
+
+def _keys_cli(ini: Path, action: str, *argv: str) -> str:
+    """``prism keys ACTION --config INI ARGV...``; its output (what it failed with, raised)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prism_proxy.cli", "keys", action, "--config", str(ini), *argv],
+        capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    return made.stdout.strip().splitlines()[-1]
+    if done.returncode != 0:
+        raise RuntimeError(f"prism keys {action} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def limits_prefix() -> str:
+    """A Redis key prefix of this run's own (the limits profile's targets add ``-N``)."""
+    return f"prism-bench-limits-{secrets.token_hex(4)}"
+
+
+def redis_answers(url: str) -> str | None:
+    """None if the Redis at ``url`` answers a PING, else why not (its password never shown)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        return f"no Redis answers at {shown(url)} ({type(exc).__name__})"
+    finally:
+        client.close()
+    return None
+
+
+def shown(url: str) -> str:
+    """``url`` without its user and password: fit to print."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def forget_prefixes(url: str, prefixes: Sequence[str]) -> None:
+    """Delete every key under ``prefixes`` (``PREFIX:*``) in the Redis at ``url``."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+    try:
+        for prefix in prefixes:
+            keys = list(client.scan_iter(match=f"{prefix}:*", count=500))
+            if keys:
+                client.delete(*keys)
+    except redis.RedisError as exc:
+        # A Redis that never answered holds nothing of ours; one that went away is said.
+        print(f"could not delete {', '.join(prefixes)}:* at {shown(url)} ({type(exc).__name__})")
+    finally:
+        client.close()
+
+
+def verify_variant(port: int, variant: LimitsVariant, key: str | None) -> str | None:
+    """None if the target on ``port`` is what ``variant`` says, else what differs.
+
+    One call (is it served, does it carry the limits' headers?) and ``/readyz``
+    (is prism-limits loaded, counting in Redis or in the process?): a Redis
+    that timed out under load would have the limits fall back to local counters
+    and the Redis variant measure the wrong thing, silently.
+    """
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        conn.request("POST", "/v1/chat/completions", body, headers)
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status != 200:
+            return f"a call was answered {answer.status}"
+        limited = answer.getheader("x-ratelimit-limit-requests") is not None
+        conn.request("GET", "/readyz")
+        ready = json.loads(conn.getresponse().read())
+    except (OSError, ValueError) as exc:
+        return f"could not check it: {type(exc).__name__}"
+    finally:
+        conn.close()
+    problems = []
+    if limited != variant.applying:
+        problems.append("limits applied" if limited else "no limit applied")
+    if ("limits" in ready.get("plugins", ())) != variant.limits:
+        problems.append(f"plugins loaded: {ready.get('plugins')}")
+    counted = (ready.get("limits") or {}).get("counted")
+    if variant.limits and counted != ("fleet" if variant.redis else "per process"):
+        problems.append(f"limits counted {counted!r}")
+    return "; ".join(problems) or None

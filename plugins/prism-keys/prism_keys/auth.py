@@ -40,7 +40,7 @@ from .keyring import NO_SETTINGS, ActiveKey, KeyRing, Snapshot
 from .names import Unusable, declaration_for
 from .scopes import Grants
 
-__all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "presented_key"]
+__all__ = ["AUTH_PLUGIN_NAME", "KeysAuth", "Owner", "SettingsParser", "presented_key"]
 
 AUTH_PLUGIN_NAME = "keys.auth"
 EXTENSION = "keys"
@@ -83,64 +83,20 @@ class Owner:
         return "show" if self.kind == "key" else "org-show"
 
 
-class KeysAuth:
-    """The hook implementations that enforce keys and scopes for one gateway."""
+class SettingsParser:
+    """Stored settings (text) parsed with one generation's declarations.
 
-    def __init__(
-        self,
-        ring: KeyRing,
-        counters: collections.Counter[str],
-        declarations: Mapping[str, OrgSetting] | None = None,
-        telemetry: Telemetry | None = None,
-    ) -> None:
-        self.ring = ring
-        self.counters = counters
-        self.telemetry = telemetry if telemetry is not None else Telemetry()
-        #: This generation's organisation setting declarations, by name.
-        self.declarations: Mapping[str, OrgSetting] = dict(declarations or {})
-        # The parse cache: valid for one ring snapshot (compared by identity).
-        self._snapshot: Snapshot | None = None
-        self._org_settings: dict[str, Mapping[str, Any]] = {}
-        self._principals: dict[str, Principal] = {}
+    A value that no longer parses and a name no declaration accepts are left
+    out and logged once per parser, never failing whoever asked.
+    """
+
+    def __init__(self, declarations: Mapping[str, OrgSetting]) -> None:
+        self.declarations: Mapping[str, OrgSetting] = dict(declarations)
         # What was already logged, so that each problem is logged once.
         self._reported: set[tuple[str, ...]] = set()
 
-    def principal_of(self, active: ActiveKey) -> Principal:
-        """The principal ``active`` stands for, with its organisation's and its own parsed
-        settings (cached per snapshot, like the settings themselves)."""
-        snapshot = self._current()
-        key_id = active.principal.key_id or ""
-        principal = self._principals.get(key_id)
-        if principal is None:
-            settings = self.org_settings(active.principal.org or "")
-            key_settings = self._parse(
-                Owner("key", key_id), snapshot.key_settings.get(key_id) or {}
-            )
-            principal = (
-                active.principal
-                if settings is NO_SETTINGS and key_settings is NO_SETTINGS
-                else attrs.evolve(active.principal, settings=settings, key_settings=key_settings)
-            )
-            self._principals[key_id] = principal
-        return principal
-
-    def org_settings(self, org: str) -> Mapping[str, Any]:
-        """``org``'s settings in the ring's current snapshot, parsed (cached per snapshot)."""
-        snapshot = self._current()
-        parsed = self._org_settings.get(org)
-        if parsed is None:
-            parsed = self._parse(Owner("organisation", org), snapshot.settings.get(org) or {})
-            self._org_settings[org] = parsed
-        return parsed
-
-    def _current(self) -> Snapshot:
-        """The ring's snapshot; a new one (a refresh swapped it in) empties the cache."""
-        snapshot = self.ring.snapshot
-        if snapshot is not self._snapshot:
-            self._snapshot, self._org_settings, self._principals = snapshot, {}, {}
-        return snapshot
-
-    def _parse(self, owner: Owner, stored: Mapping[str, str]) -> Mapping[str, Any]:
+    def parse(self, owner: Owner, stored: Mapping[str, str]) -> Mapping[str, Any]:
+        """``owner``'s stored settings, parsed: what a call carries."""
         per_key = owner.kind == "key"
         values: dict[str, Any] = {}
         for name, text in stored.items():
@@ -176,6 +132,86 @@ class KeysAuth:
                         owner.name,
                     )
         return types.MappingProxyType(values) if values else NO_SETTINGS
+
+
+class KeysAuth:
+    """The hook implementations that enforce keys and scopes for one gateway."""
+
+    def __init__(
+        self,
+        ring: KeyRing,
+        counters: collections.Counter[str],
+        declarations: Mapping[str, OrgSetting] | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.ring = ring
+        self.counters = counters
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        #: Parses stored settings with this generation's declarations.
+        self.parser = SettingsParser(declarations or {})
+        # The parse cache: valid for one ring snapshot (compared by identity).
+        self._snapshot: Snapshot | None = None
+        self._org_settings: dict[str, Mapping[str, Any]] = {}
+        self._principals: dict[str, Principal] = {}
+
+    @property
+    def declarations(self) -> Mapping[str, OrgSetting]:
+        """This generation's organisation setting declarations, by name."""
+        return self.parser.declarations
+
+    def key(self, key_id: str) -> Principal | None:
+        """The principal the active key ``key_id`` stands for in the loaded snapshot, or
+        None (unknown or revoked)."""
+        active = self._current().keys.get(key_id)
+        return None if active is None else self.principal_of(active)
+
+    def organisation(self, org: str) -> Principal | None:
+        """``org`` with its tags and parsed settings in the loaded snapshot, or None when
+        the key database has no such organisation."""
+        tags = self._current().orgs.get(org)
+        if tags is None:
+            return None
+        return Principal(
+            org=org,
+            org_tags=frozenset(tags),
+            settings=self.org_settings(org),
+            key_settings=NO_SETTINGS,
+        )
+
+    def principal_of(self, active: ActiveKey) -> Principal:
+        """The principal ``active`` stands for, with its organisation's and its own parsed
+        settings (cached per snapshot, like the settings themselves)."""
+        snapshot = self._current()
+        key_id = active.principal.key_id or ""
+        principal = self._principals.get(key_id)
+        if principal is None:
+            settings = self.org_settings(active.principal.org or "")
+            key_settings = self.parser.parse(
+                Owner("key", key_id), snapshot.key_settings.get(key_id) or {}
+            )
+            principal = (
+                active.principal
+                if settings is NO_SETTINGS and key_settings is NO_SETTINGS
+                else attrs.evolve(active.principal, settings=settings, key_settings=key_settings)
+            )
+            self._principals[key_id] = principal
+        return principal
+
+    def org_settings(self, org: str) -> Mapping[str, Any]:
+        """``org``'s settings in the ring's current snapshot, parsed (cached per snapshot)."""
+        snapshot = self._current()
+        parsed = self._org_settings.get(org)
+        if parsed is None:
+            parsed = self.parser.parse(Owner("organisation", org), snapshot.settings.get(org) or {})
+            self._org_settings[org] = parsed
+        return parsed
+
+    def _current(self) -> Snapshot:
+        """The ring's snapshot; a new one (a refresh swapped it in) empties the cache."""
+        snapshot = self.ring.snapshot
+        if snapshot is not self._snapshot:
+            self._snapshot, self._org_settings, self._principals = snapshot, {}, {}
+        return snapshot
 
     @hookimpl
     def prism_authenticate(self, call: Call) -> Principal:

@@ -10,11 +10,10 @@ every change sends and refreshes at once; the poll stays as the fallback
 database stays open from start-up to shutdown, so polling needs no new file
 handle and goes on working when the process has none left to give.
 
-The snapshot also holds every organisation's settings and every active key's
-own settings as stored (text), read in the same transaction as the keys;
-each generation's :class:`KeysAuth
-<prism_keys.auth.KeysAuth>` parses them with the declarations it was built
-with.
+The snapshot also holds every organisation's tags and settings and every
+active key's own settings as stored (text), read in the same transaction as
+the keys; each generation's :class:`KeysAuth <prism_keys.auth.KeysAuth>`
+parses them with the declarations it was built with.
 """
 
 from __future__ import annotations
@@ -72,6 +71,8 @@ class Snapshot:
     settings: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
     #: The active keys' own settings as stored (text), by key id then name; not parsed.
     key_settings: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    #: Every organisation in the database (with active keys or not) and its tags.
+    orgs: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
 
 _EMPTY = Snapshot(revision=-1, keys={})
@@ -98,6 +99,11 @@ class KeyRing:
         if isinstance(self.store, PgKeyStore):
             return self.store.name
         return str(self.store.path)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a snapshot was read (a generation nobody started has none)."""
+        return self.snapshot is not _EMPTY
 
     async def _revision(self) -> int:
         if isinstance(self.store, PgKeyStore):
@@ -138,6 +144,7 @@ class KeyRing:
                 keys=keys,
                 settings=loaded.settings,
                 key_settings=loaded.key_settings,
+                orgs=loaded.orgs,
             )
             self._generation = generation
         # Counts only: setting values stay out of the log.

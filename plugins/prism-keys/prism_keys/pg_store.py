@@ -151,7 +151,8 @@ async def _load_active(conn: Conn) -> Loaded:
             "SELECT s.key_id, s.name, s.value FROM prism_keys_key_settings s "
             "JOIN prism_keys_keys k ON k.id = s.key_id WHERE k.revoked IS NULL"
         )
-    return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows)
+        org_rows = await conn.fetch("SELECT name, tags FROM prism_keys_orgs")
+    return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows, org_rows)
 
 
 class PgKeyStore:

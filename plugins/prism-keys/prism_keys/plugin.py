@@ -6,19 +6,28 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from prism_proxy import CheckLine, Commands, Generation, hookimpl
+from prism_proxy import PRINCIPALS, CheckLine, Commands, Generation, Offer, hookimpl, provide
 
 from .auth import AUTH_PLUGIN_NAME, KeysAuth
 from .check import check_keys
 from .cli import add_commands
 from .keyring import KeyRing
 from .pg_store import PgKeyStore
+from .principals import KeysPrincipals
 from .settings import SECTION, KeysSettings
 from .store import KeyStore
 
 __all__ = ["AUTH_PLUGIN_NAME", "ring_of"]
 
 log = logging.getLogger("prism.keys")
+
+
+@hookimpl
+def prism_services(generation: Generation) -> list[Offer[Any]] | None:
+    settings = KeysSettings.from_config(generation.config)
+    if settings is None:
+        return None  # no key database: nobody to say who an organisation or a key is
+    return [provide(PRINCIPALS, lambda: KeysPrincipals(generation, settings))]
 
 
 @hookimpl

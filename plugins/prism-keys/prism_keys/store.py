@@ -153,6 +153,8 @@ class Loaded:
     settings: dict[str, dict[str, str]]
     #: The active keys' own settings as stored (text), by key id then name.
     key_settings: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    #: Every organisation (with active keys or not) and its tags, by name.
+    orgs: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     @classmethod
     def from_rows(
@@ -161,15 +163,17 @@ class Loaded:
         key_rows: Iterable[Sequence[Any]],
         setting_rows: Iterable[Sequence[Any]],
         key_setting_rows: Iterable[Sequence[Any]] = (),
+        org_rows: Iterable[Sequence[Any]] = (),
     ) -> Loaded:
-        """From ``(id, hash, org, tags, scopes)``, ``(org, name, value)`` and
-        ``(key_id, name, value)`` rows (either store)."""
+        """From ``(id, hash, org, tags, scopes)``, ``(org, name, value)``,
+        ``(key_id, name, value)`` and ``(name, tags)`` rows (either store)."""
         keys = [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in key_rows]
         return cls(
             revision=revision,
             keys=keys,
             settings=grouped(setting_rows),
             key_settings=grouped(key_setting_rows),
+            orgs={r[0]: _loads(r[1]) for r in org_rows},
         )
 
 
@@ -459,7 +463,8 @@ class KeyStore:
         return value
 
     def load_active(self) -> Loaded:
-        """The revision, every active key with its org's tags, the orgs' and the keys' settings.
+        """The revision, every active key with its org's tags, the orgs' and the keys' settings,
+        every organisation's tags.
 
         Read in one transaction: keys and settings are those of the revision.
         """
@@ -475,7 +480,8 @@ class KeyStore:
                 "SELECT s.key_id, s.name, s.value FROM key_settings s "
                 "JOIN keys k ON k.id = s.key_id WHERE k.revoked IS NULL"
             ).fetchall()
-        return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows)
+            org_rows = conn.execute("SELECT name, tags FROM orgs").fetchall()
+        return Loaded.from_rows(revision, rows, setting_rows, key_setting_rows, org_rows)
 
 
 def _new_connection(path: Path, *, shared: bool) -> sqlite3.Connection:

@@ -211,6 +211,10 @@ class LocalCounters:
                 )
         return found
 
+    def reserving(self) -> bool:
+        """Does a budget hold a reservation (a call admitted here still running)?"""
+        return any(budget.reserved for budget in self.budgets.values())
+
     def forget_budgets(self) -> None:
         """Rebase: every budget counter is rebuilt from the ledger on its next use."""
         self.budgets.clear()

@@ -10,7 +10,17 @@ at settlement.  Amounts travel as integer strings and are written with
 Keys, under the shared prefix: ``limits:<counter>`` (a window's per-second
 amounts, the in-flight leases, or a budget's ``spent``, ``reserved`` and one
 ``r:<call>`` field per reservation), ``limits:<counter>:leases`` (when each
-budget reservation expires) and ``limits:gateways`` (who admitted lately).
+budget reservation expires), ``limits:budget-counters`` (the budget counters
+rebuilt from the ledger, scored by when they expire: what a rebase drops) and
+``limits:gateways`` (who admitted lately).
+
+A budget's ``spent`` is rebuilt from the ledger (the truth) whenever the
+fleet does not hold it.  A *rebase* drops every ``spent`` so that each is
+rebuilt on its next use: at each gateway's start (a gateway that stopped
+may have settled calls the ledger has and Redis never got), when Redis
+answers again after an outage (what was settled meanwhile is in the ledger,
+not in Redis), and on demand (``prism limits rebase``).  Reservations of
+calls in flight are kept: they are given back at settlement as always.
 """
 
 from __future__ import annotations
@@ -18,20 +28,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from typing import Any
+
+import attrs
 
 from prism_proxy import SharedState
 
-from .counting import Ask, Decision, Held, Reading
+from .counting import Ask, Decision, Held, LocalCounters, Reading
 from .limits import Kind
 
-__all__ = ["FleetCounters"]
+__all__ = ["SEEN_MS", "WATCH_S", "FleetCounters", "Standing"]
 
 log = logging.getLogger("prism.limits")
 
 #: A gateway that admitted nothing for this long no longer counts in the fleet.
 SEEN_MS = 30_000
+#: How often a gateway looks whether shared state went away or came back (a flag in
+#: memory: cheap), so that it rebases soon after Redis answers again.
+WATCH_S = 0.1
+#: Admissions whose answer was lost, given back when Redis answers again: at most this many.
+_UNSURE_MAX = 10_000
 
 ADMIT = """
 local t = redis.call('TIME')
@@ -85,6 +102,15 @@ for i = 1, n do
     remaining = value - held
     reset = 1000
   else
+    local held = tonumber(redis.call('HGET', key, 'reserved') or '0')
+    if held ~= 0 and redis.call('EXISTS', aux) == 0 then
+      -- The leases' key outlives every lease in it: gone, every reservation ran out
+      -- (a gateway died holding them, and nobody admitted since to find them expired).
+      for _, field in ipairs(redis.call('HKEYS', key)) do
+        if string.sub(field, 1, 2) == 'r:' then redis.call('HDEL', key, field) end
+      end
+      redis.call('HSET', key, 'reserved', '0')
+    end
     local expired = redis.call('ZRANGEBYSCORE', aux, '-inf', now)
     for _, gone in ipairs(expired) do
       local r = redis.call('HGET', key, 'r:' .. gone)
@@ -168,28 +194,75 @@ return spent
 
 REBUILT = """
 if redis.call('HSETNX', KEYS[1], 'spent', ARGV[1]) == 1 then
-  redis.call('SADD', KEYS[2], KEYS[1])
-  if tonumber(ARGV[2]) > 0 then redis.call('EXPIREAT', KEYS[1], ARGV[2]) end
+  local expire = tonumber(ARGV[2])
+  local t = redis.call('TIME')
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. t[1])
+  if expire > 0 then
+    redis.call('EXPIREAT', KEYS[1], expire)
+    redis.call('ZADD', KEYS[2], expire, KEYS[1])
+  else
+    redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
+  end
 end
 return 1
 """
 
 RENEW = """
 local t = redis.call('TIME')
-local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local lease = tonumber(ARGV[1])
+local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + lease
 for i = 1, #KEYS do
   redis.call('ZADD', KEYS[i], 'XX', until_ms, ARGV[i + 1])
+  -- A call longer than the key's life (set at the last admission) must keep it.
+  redis.call('PEXPIRE', KEYS[i], 2 * lease)
 end
 return #KEYS
 """
 
 REBASE = """
-local keys = redis.call('SMEMBERS', KEYS[1])
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1])
+local keys = redis.call('ZRANGE', KEYS[1], 0, -1)
+local dropped = 0
 for _, key in ipairs(keys) do
-  redis.call('HDEL', key, 'spent')
+  dropped = dropped + redis.call('HDEL', key, 'spent')
 end
 redis.call('DEL', KEYS[1])
-return #keys
+return dropped
+"""
+
+LOOK = """
+local t = redis.call('TIME')
+local sec = tonumber(t[1])
+local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[1])
+local out = {sec, redis.call('ZCOUNT', KEYS[2 * n + 1], now - tonumber(ARGV[2]), '+inf')}
+for i = 1, n do
+  local kind, key, aux = ARGV[2 + i], KEYS[2 * i - 1], KEYS[2 * i]
+  local used, extra = 0, -1
+  if kind == 'w' then
+    local all = redis.call('HGETALL', key)
+    for j = 1, #all, 2 do
+      local at = tonumber(all[j])
+      if at > sec - 60 then
+        used = used + tonumber(all[j + 1])
+        if extra < 0 or at < extra then extra = at end
+      end
+    end
+  elseif kind == 'p' then
+    used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+  else
+    local spent = redis.call('HGET', key, 'spent')
+    if spent then used = tonumber(spent) else used = -1 end
+    extra = 0
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', aux, '(' .. now, '+inf')) do
+      extra = extra + tonumber(redis.call('HGET', key, 'r:' .. member) or '0')
+    end
+  end
+  out[#out + 1] = used
+  out[#out + 1] = extra
+end
+return out
 """
 
 _KIND_CODES = {Kind.WINDOW: "w", Kind.PARALLEL: "p", Kind.BUDGET: "b"}
@@ -197,26 +270,70 @@ _KIND_CODES = {Kind.WINDOW: "w", Kind.PARALLEL: "p", Kind.BUDGET: "b"}
 _GRACE_S = 86_400
 
 
-class FleetCounters:
-    """The counters every gateway sharing ``link`` (Redis) counts in."""
+@attrs.frozen
+class Standing:
+    """What one limit's counter holds now in the fleet's counters."""
 
-    def __init__(self, link: SharedState, lease_s: float) -> None:
+    #: Requests or tokens in the last 60 seconds, calls in flight, or a budget's
+    #: settled spend (None: a budget counter the fleet does not hold: the ledger has it).
+    used: int | None
+    #: A budget's reservations by calls in flight (nano-units), not in ``used``.
+    reserved: int = 0
+    #: A window's seconds until its oldest amount leaves it (None: nothing in it).
+    frees_in_s: float | None = None
+
+
+class FleetCounters:
+    """The counters every gateway sharing ``link`` (Redis) counts in.
+
+    ``local`` is this process's own engine, which the limiter counts in while
+    Redis does not answer: its budget counters are forgotten once Redis
+    answers again (they would miss what the fleet spends until the next
+    outage), after the calls it admitted meanwhile have settled.
+    """
+
+    def __init__(
+        self, link: SharedState, lease_s: float, local: LocalCounters | None = None
+    ) -> None:
         self.link = link
         self.lease_s = lease_s
-        self.lease_ms = int(lease_s * 1000)
+        self.local = local
         self.base = f"{link.prefix}:limits:"
         #: This gateway's calls holding leases, by call: renewed while they run.
         self.held: dict[str, Held] = {}
+        #: Shared state went away since the last rebase: rebase when it answers again.
+        self.lost = False
+        #: Times this gateway rebased because shared state answered again (tests, logs).
+        self.returns = 0
+        #: Admissions sent as Redis stopped answering: they may have landed though their
+        #: answer was lost, holding a slot and a reservation for nobody; given back on return.
+        self.unsure: list[Held] = []
+        #: Calls admitted locally during the outage were still in flight at the return:
+        #: rebase again once they settled (their cost reaches the ledger, not Redis).
+        self.settling = False
         self._background: set[asyncio.Task[None]] = set()
 
+    @property
+    def lease_s(self) -> float:
+        return self._lease_s
+
+    @lease_s.setter
+    def lease_s(self, value: float) -> None:
+        # Each generation sets it: a reload may change it for the counters it keeps.
+        self._lease_s = value
+        self.lease_ms = int(value * 1000)
+
     async def lifecycle(self) -> AsyncIterator[None]:
+        await self._rebase_at_start()
         renewal = asyncio.ensure_future(self._renew_forever())
+        watch = asyncio.ensure_future(self._watch_forever())
         try:
             yield
         finally:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
+            for task in (renewal, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self.settled()
 
     def spawn(self, work: Awaitable[None]) -> None:
@@ -230,6 +347,107 @@ class FleetCounters:
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
+    def usable(self) -> bool:
+        """Does shared state answer?  A False answer is remembered: rebase on its return."""
+        if self.link.healthy:
+            return True
+        self.lost = True
+        return False
+
+    # -- outages -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _guard(self, kind: str) -> Iterator[None]:
+        """The link's guard; a round trip that found Redis away marks an outage."""
+        try:
+            with self.link.guard(kind):
+                yield
+        except BaseException:
+            if not self.link.healthy:
+                self.lost = True
+            raise
+
+    async def _rebase_at_start(self) -> None:
+        # A gateway of the fleet that stopped may have settled calls whose cost reached
+        # the ledger and never Redis: whoever starts rebuilds every budget from the ledger.
+        try:
+            dropped = await self.rebase()
+        except Exception as exc:
+            self.lost = True  # not now: as soon as Redis answers
+            log.info("limits: no rebase at start, shared state did not answer (%s)", _name(exc))
+            return
+        log.info(
+            "limits: rebased at start: %d budget counters in shared state are rebuilt from "
+            "the ledger on their next use",
+            dropped,
+        )
+
+    async def _watch_forever(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                await self.watch()
+            except Exception:  # never the end of the watch: the next look tries again
+                log.exception("limits: looking at shared state failed")
+
+    async def watch(self) -> None:
+        """One look at the link: rebase once shared state answers again after an outage."""
+        if not self.usable():
+            return
+        if self.lost:
+            await self._returned()
+        elif self.settling and not _reserving(self.local):
+            # The calls admitted locally during the outage have settled; the ledger has
+            # their cost, which the rebase at the return could not see yet.
+            self.settling = False
+            if await self._rebase_after_outage("the calls admitted during the outage settled"):
+                self._forget_local()
+
+    async def _returned(self) -> None:
+        self.lost = False
+        unsure, self.unsure = self.unsure, []
+        try:
+            for held in unsure:
+                # No window amount to correct (second 0 is never a window's field): this
+                # gives back a slot and a reservation that may have landed for nobody.
+                await self.settle(held, 0, 0, ())
+        except Exception as exc:
+            if self.lost:  # gone again: all of them at its next return
+                self.unsure = unsure + self.unsure
+                return
+            # Redis answers but refused: their leases run out by themselves.
+            log.debug("limits: could not give back unsure admissions (%s)", _name(exc))
+        pending = _reserving(self.local)
+        if not await self._rebase_after_outage("shared state answers again"):
+            return
+        self.returns += 1
+        if pending:
+            self.settling = True
+        else:
+            self._forget_local()
+
+    async def _rebase_after_outage(self, why: str) -> bool:
+        try:
+            dropped = await self.rebase()
+        except Exception as exc:
+            if self.link.healthy:
+                # Redis answers but refused the script: retrying every tick would not help.
+                log.warning("limits: rebase after an outage failed (%s)", _name(exc))
+            return False
+        log.warning(
+            "limits: %s: %d budget counters in shared state are rebuilt from the ledger on "
+            "their next use (what was settled during the outage is in the ledger, not in Redis)",
+            why,
+            dropped,
+        )
+        return True
+
+    def _forget_local(self) -> None:
+        if self.local is not None:
+            self.local.forget_budgets()
+
+    # -- the counters --------------------------------------------------------
+
     async def _renew_forever(self) -> None:
         while True:
             await asyncio.sleep(self.lease_s / 3)
@@ -237,7 +455,7 @@ class FleetCounters:
                 try:
                     await self.renew(list(self.held.values()))
                 except Exception as exc:
-                    log.debug("limits: renewal failed (%s)", type(exc).__name__)
+                    log.debug("limits: renewal failed (%s)", _name(exc))
 
     def key(self, counter: str) -> str:
         return self.base + counter
@@ -257,8 +475,13 @@ class FleetCounters:
                 ask.reset_at or 0,
             )
         keys.append(self.base + "gateways")
-        with self.link.guard("limits_admit"):
-            answer: list[Any] = await self.link.connect().eval(ADMIT, len(keys), *keys, *args)
+        try:
+            with self._guard("limits_admit"):
+                answer: list[Any] = await self.link.connect().eval(ADMIT, len(keys), *keys, *args)
+        except Exception:
+            if not self.link.healthy and len(self.unsure) < _UNSURE_MAX:
+                self.unsure.append(Held(list(asks), member, 0, self))
+            raise
         status, gateways = int(answer[0]), int(answer[1])
         if status == 2:
             missing = tuple(asks[int(index) - 1].counter for index in answer[2])
@@ -273,9 +496,9 @@ class FleetCounters:
 
     async def rebuilt(self, counter: str, spent: int, reset_at: int | None) -> None:
         """Set a budget counter from the ledger, unless another gateway did first."""
-        keys = [self.key(counter), self.base + "budgets"]
+        keys = [self.key(counter), self.base + "budget-counters"]
         expire = 0 if reset_at is None else reset_at + _GRACE_S
-        with self.link.guard("limits_rebuild"):
+        with self._guard("limits_rebuild"):
             await self.link.connect().eval(REBUILT, 2, *keys, spent, expire)
 
     async def settle(
@@ -291,7 +514,7 @@ class FleetCounters:
                 code = "t" if ask.limit.metric == "tpm" else "r"
             args += (code, ask.amount)
         keys += [self.key(counter) for counter in spend_counters]
-        with self.link.guard("limits_settle"):
+        with self._guard("limits_settle"):
             spent: list[Any] = await self.link.connect().eval(SETTLE, len(keys), *keys, *args)
         return [int(value) for value in spent]
 
@@ -310,33 +533,54 @@ class FleetCounters:
                     continue
                 members.append(call.member)
         if keys:
-            with self.link.guard("limits_renew"):
+            with self._guard("limits_renew"):
                 await self.link.connect().eval(RENEW, len(keys), *keys, self.lease_ms, *members)
 
     async def rebase(self) -> int:
-        """Every budget counter is rebuilt from the ledger on its next use."""
-        with self.link.guard("limits_rebase"):
-            count: int = await self.link.connect().eval(REBASE, 1, self.base + "budgets")
-        return count
+        """Drop every budget counter's spend: each is rebuilt from the ledger on its next
+        use.  Returns how many were dropped."""
+        with self._guard("limits_rebase"):
+            count: int = await self.link.connect().eval(REBASE, 1, self.base + "budget-counters")
+        return int(count)
+
+    async def standing(self, asks: Sequence[Ask]) -> tuple[list[Standing], int]:
+        """What each limit's counter holds now, and how many gateways admitted lately
+        (one read-only round trip)."""
+        keys: list[str] = []
+        args: list[str | int] = [len(asks), SEEN_MS]
+        for ask in asks:
+            key = self.key(ask.counter)
+            keys += (key, key + ":leases")
+            args.append(_KIND_CODES[ask.limit.kind])
+        keys.append(self.base + "gateways")
+        with self._guard("limits_read"):
+            raw: list[Any] = await self.link.connect().eval(LOOK, len(keys), *keys, *args)
+        second, gateways = int(raw[0]), int(raw[1])
+        found: list[Standing] = []
+        for index, ask in enumerate(asks):
+            used, extra = int(raw[2 + 2 * index]), int(raw[3 + 2 * index])
+            kind = ask.limit.kind
+            if kind is Kind.WINDOW:
+                frees = None if extra < 0 else float(max(extra + 60 - second, 0))
+                found.append(Standing(used, frees_in_s=frees))
+            elif kind is Kind.PARALLEL:
+                found.append(Standing(used))
+            else:
+                found.append(Standing(None if used < 0 else used, reserved=extra))
+        return found, gateways
 
     async def readings(self, asks: Sequence[Ask]) -> list[int | None]:
         """What each limit holds now (None: a budget nobody counted yet)."""
-        client = self.link.connect()
-        found: list[int | None] = []
-        with self.link.guard("limits_read"):
-            seconds, _ = await client.time()
-            for ask in asks:
-                key = self.key(ask.counter)
-                kind = ask.limit.kind
-                if kind is Kind.WINDOW:
-                    buckets = await client.hgetall(key)
-                    found.append(sum(int(v) for at, v in buckets.items() if int(at) > seconds - 60))
-                elif kind is Kind.PARALLEL:
-                    found.append(await client.zcount(key, seconds * 1000, "+inf"))
-                else:
-                    spent, reserved = await client.hmget(key, "spent", "reserved")
-                    found.append(None if spent is None else int(spent) + int(reserved or 0))
-        return found
+        standings, _ = await self.standing(asks)
+        return [None if found.used is None else found.used + found.reserved for found in standings]
+
+
+def _reserving(local: LocalCounters | None) -> bool:
+    return local is not None and local.reserving()
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
 
 
 def _seconds(ms: int) -> float:

@@ -33,10 +33,11 @@ from prism_proxy import (
     prompt_tokens,
 )
 
+from .alerts import BudgetAlerts, Outbox
 from .counting import Ask, Decision, Held, LocalCounters
 from .fleet import FleetCounters
 from .limits import BUDGET, MAX_PARALLEL, RPM, TPM, Kind, Limit, applying, format_money
-from .periods import window
+from .periods import Window, window
 from .settings import LimitsSettings
 
 __all__ = ["HELD", "Limiter"]
@@ -60,6 +61,7 @@ class Limiter:
         pricing: Pricing | None = None,
         spend: SpendLedger | None = None,
         telemetry: Telemetry | None = None,
+        outbox: Outbox | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -73,6 +75,16 @@ class Limiter:
         self.wall = wall
         #: Gateways the fleet engine saw lately: the share of a limit while it is away.
         self.gateways = 1
+        # Without a kept outbox handed over, this generation's own: it sends while it has
+        # something to send and stops by itself.
+        self.alerts = BudgetAlerts(
+            settings.alert_thresholds,
+            settings.alert_url,
+            outbox if outbox is not None else Outbox(),
+            self.telemetry,
+            currency=pricing.currency if pricing is not None else None,
+            wall=wall,
+        )
 
     # -- admission -----------------------------------------------------------
 
@@ -186,8 +198,9 @@ class Limiter:
             fleet.held[member] = held
 
     def _shared(self) -> bool:
-        link = self.link
-        return link is not None and link.healthy
+        fleet = self.fleet
+        # The fleet remembers a False answer, so that it rebases when Redis answers again.
+        return fleet.usable() if fleet is not None else False
 
     async def _fleet_admit(
         self, fleet: FleetCounters, asks: list[Ask], member: str
@@ -196,7 +209,7 @@ class Limiter:
         if decision.missing:
             for ask in asks:
                 if ask.counter in decision.missing:
-                    spent = await self._ledger_spend(ask)
+                    spent = await self.ledger_spend(ask)
                     await fleet.rebuilt(ask.counter, spent, ask.reset_at)
             decision, second = await fleet.admit(asks, member)
         return decision, second
@@ -206,11 +219,11 @@ class Limiter:
         if decision.missing:
             for ask in asks:
                 if ask.counter in decision.missing:
-                    self.local.rebuilt(ask.counter, await self._ledger_spend(ask))
+                    self.local.rebuilt(ask.counter, await self.ledger_spend(ask))
             decision = self.local.admit(asks, member, self.wall())
         return decision
 
-    async def _ledger_spend(self, ask: Ask) -> int:
+    async def ledger_spend(self, ask: Ask) -> int:
         """What the ledger says ``ask``'s owner spent in the budget's current period."""
         spend = self.spend
         if spend is None:
@@ -295,29 +308,50 @@ class Limiter:
             if self.pricing is not None:
                 cost = self.pricing.cost(served.binding, usage)
         now = self.wall()
-        spend_counters = [
-            f"{ask.limit.counter}:{window(ask.limit.period, now).name}"
-            for ask in held.asks
-            if ask.limit.kind is Kind.BUDGET and ask.limit.period is not None
-        ]
+        # Each budget's counter in the period the call settled in (what its cost goes to).
+        budgets: list[tuple[Limit, Window, str]] = []
+        for ask in held.asks:
+            limit = ask.limit
+            if limit.kind is Kind.BUDGET and limit.period is not None:
+                span = window(limit.period, now)
+                budgets.append((limit, span, f"{limit.counter}:{span.name}"))
+        spend_counters = [counter for _, _, counter in budgets]
+        principal = call.principal
         fleet = self.fleet
         if fleet is not None and held.engine is fleet:
             fleet.held.pop(held.member, None)
-            fleet.spawn(self._fleet_settle(fleet, held, tokens, cost, spend_counters))
+            fleet.spawn(
+                self._fleet_settle(
+                    fleet, held, tokens, cost, budgets, principal.org, principal.key_id
+                )
+            )
         else:
-            self.local.settle(held, tokens, cost, spend_counters)
+            spent = self.local.settle(held, tokens, cost, spend_counters)
+            if budgets:
+                self.alerts.settled(principal.org, principal.key_id, budgets, spent, cost)
 
     async def _fleet_settle(
-        self, fleet: FleetCounters, held: Held, tokens: int, cost: int, counters: list[str]
+        self,
+        fleet: FleetCounters,
+        held: Held,
+        tokens: int,
+        cost: int,
+        budgets: list[tuple[Limit, Window, str]],
+        org: str | None,
+        key_id: str | None,
     ) -> None:
         try:
-            await fleet.settle(held, tokens, cost, counters)
+            spent = await fleet.settle(held, tokens, cost, [counter for _, _, counter in budgets])
         except Exception as exc:
             # Its reservations run out with their leases; the ledger has its cost, and
             # the counters are rebuilt from it.
             log.warning(
                 "limits: could not settle %s in shared state (%s)", held.member, type(exc).__name__
             )
+            return
+        if budgets:
+            # Redis added this cost alone (HINCRBY): only this gateway sees these crossings.
+            self.alerts.settled(org, key_id, budgets, spent, cost)
 
     # -- what a caller may know ----------------------------------------------
 
@@ -337,7 +371,7 @@ class Limiter:
                 entry["value"] = format_money(limit.value)
                 entry["period"] = limit.period.value
                 entry["mode"] = "soft" if limit.soft else "hard"
-                spent = await self._ledger_spend(ask) if used is None else used
+                spent = await self.ledger_spend(ask) if used is None else used
                 entry["remaining"] = format_money(max(limit.value - spent, 0))
                 entry["resets_at"] = ask.reset_at
             else:

@@ -7,6 +7,7 @@ rpm=600 budget=250/month``, ``prism keys set KEY_ID tpm=20000``) and
 without it each process counts its own, which is why ``--workers N`` is
 refused then.  Prices and the ledger come from prism-billing (the
 ``pricing`` and ``spend`` services); without billing, budgets count nothing.
+``prism limits show|rebase`` and the ``prism check`` lines are in :mod:`.cli`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from prism_proxy import (
     TELEMETRY,
     Binding,
     Call,
+    CheckLine,
+    Commands,
     Config,
     Generation,
     OrgSetting,
@@ -34,6 +37,7 @@ from prism_proxy import (
     hookimpl,
 )
 
+from .alerts import Outbox
 from .counting import LocalCounters
 from .fleet import FleetCounters
 from .limiter import Limiter
@@ -69,15 +73,21 @@ class LimitsHooks:
     @hookimpl
     def prism_readyz(self, generation: Generation) -> Mapping[str, object]:
         limiter = self.limiter
-        if limiter.fleet is None:
-            return {"limits": {"counted": "per process"}}
-        healthy = limiter.link is not None and limiter.link.healthy
+        fleet = limiter.fleet
+        if fleet is None:
+            return {"limits": {"state": "ok", "counted": "per process"}}
+        healthy = fleet.usable()
+        mode = limiter.settings.on_shared_state_loss
         return {
             "limits": {
-                "counted": "fleet"
-                if healthy
-                else f"locally ({limiter.settings.on_shared_state_loss})",
+                # Degraded: limits are kept by each gateway alone (share), not at all
+                # (open), or limited calls are refused (closed) until shared state answers.
+                "state": "ok" if healthy else "degraded",
+                "counted": "fleet" if healthy else f"locally ({mode})",
+                "on_shared_state_loss": mode,
                 "gateways": limiter.gateways,
+                # Rebases after shared state answered again (budgets rebuilt from the ledger).
+                "rebased_after_outages": fleet.returns,
             }
         }
 
@@ -95,11 +105,11 @@ def prism_generation(generation: Generation) -> None:
     lease_s = settings.lease_s
     # Kept across reloads: calls in flight on the old generation settle on the same counters.
     local = generation.keep(("limits.local",), LocalCounters)
-    fleet = (
-        generation.keep(("limits.fleet", link.prefix), lambda: FleetCounters(link, lease_s))
-        if link is not None
-        else None
-    )
+    fleet: FleetCounters | None = None
+    if link is not None:
+        # Keyed by the link itself: a reload onto another Redis gets counters of its own.
+        fleet = generation.keep(("limits.fleet", link), lambda: FleetCounters(link, lease_s, local))
+        fleet.lease_s = lease_s  # a reload may change it
     limiter = Limiter(
         settings,
         local,
@@ -108,6 +118,8 @@ def prism_generation(generation: Generation) -> None:
         pricing=services.get(PRICING),
         spend=services.get(SPEND),
         telemetry=services.get(TELEMETRY),
+        # Kept: alerts still being sent outlive a reload (and get a grace at shutdown).
+        outbox=generation.keep(("limits.alerts",), Outbox),
     )
     hooks = LimitsHooks(limiter)
     generation.register(hooks, LIMITER)
@@ -134,6 +146,21 @@ def prism_workers(generation: Generation, count: int) -> str | None:
         "counters through Redis (install prism-redis and set [prism:redis] url), or disable "
         "limits ([prism] disable = limits)"
     )
+
+
+@hookimpl
+def prism_cli(commands: Commands) -> None:
+    # Imported when asked for: the command line's module imports this one (limiter_of).
+    from .cli import add_commands
+
+    add_commands(commands)
+
+
+@hookimpl
+def prism_check(generation: Generation, offline: bool) -> list[CheckLine]:
+    from .cli import check_lines
+
+    return check_lines(generation)
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -47,6 +48,44 @@ def _loss(section: Section, key: str, default: str) -> str:
     if value not in ("share", "open", "closed"):
         raise section.error(key, f"expected share, open or closed, got {value[:32]!r}")
     return value
+
+
+def _alert_url(section: Section, key: str, default: str | None) -> str | None:
+    url = section.get_str(key, default) or None
+    if url is None:
+        return None
+    try:
+        parts = urllib.parse.urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+        usable = usable and parts.port != 0  # reading the port raises on a bad one
+    except ValueError:
+        usable = False
+    if not usable:
+        # Not echoed: a webhook's URL may carry its credentials.
+        raise section.error(key, "expected an http:// or https:// URL with a host")
+    return url
+
+
+def _thresholds(section: Section, key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    raw = section.values.get(key)
+    if raw is None:
+        return default
+    items = raw if isinstance(raw, list | tuple) else str(raw).split(",")
+    found: set[int] = set()
+    for item in items:
+        text = str(item).strip().removesuffix("%").strip()
+        try:
+            value = int(text)
+        except ValueError:
+            raise section.error(
+                key, f"expected whole percentages such as 50, 80, 100, got {text[:32]!r}"
+            ) from None
+        if not 1 <= value <= 1000:
+            raise section.error(key, f"expected percentages from 1 to 1000, got {value}")
+        found.add(value)
+    if not found:
+        raise section.error(key, "expected at least one percentage, such as 50, 80, 100")
+    return tuple(sorted(found))
 
 
 @attrs.frozen
@@ -103,6 +142,22 @@ class LimitsSettings:
         help="how long a call's in-flight slot and budget reservation last in shared state "
         "without renewal: a gateway renews its calls' every third of it, so a dead "
         "gateway's come back after at most this",
+    )
+
+    alert_url: str | None = setting(
+        None,
+        help="where each budget alert is POSTed as JSON (`http://` or `https://`; see *Alerts*); "
+        "unset: alerts are WARNING log lines and `prism_budget_used_ratio` only",
+        parse=_alert_url,
+        type_text="`http://` or `https://` URL",
+    )
+    alert_thresholds: tuple[int, ...] = setting(
+        (50, 80, 100),
+        help="the percentages of a budget whose crossing alerts (once each per budget and "
+        "period, fleet-wide)",
+        parse=_thresholds,
+        default_text="`50, 80, 100`",
+        type_text="list of percentages, 1 to 1000",
     )
 
     @classmethod

@@ -11,6 +11,8 @@ import openai
 from prism_fake_upstream import Fault
 from prism_limits.plugin import limiter_of
 
+from prism_proxy import SHARED_STATE
+
 from .conftest import catalog
 
 HI = [{"role": "user", "content": "hi"}]
@@ -80,6 +82,9 @@ async def test_rpm_on_one_key_is_exact_across_three_gateways(
     by_gateway = {raw.http_request.url.port for raw in served}
     assert len(by_gateway) == 3
     assert all("key shared rpm 30" in err.message for err in refused)
+    # One round trip per call to Redis at admission, whatever the number of limits.
+    trips = [gw.gateway.current.services.get(SHARED_STATE).round_trips for gw in gateways]
+    assert sum(t.get("limits_admit", 0) for t in trips) == 90
 
 
 async def test_max_parallel_is_never_exceeded_fleet_wide(

@@ -16,21 +16,28 @@ from __future__ import annotations
 import asyncio
 import datetime
 import importlib.resources
+import math
 from typing import Any
 
 import orjson
 from aiohttp import web
 from aiohttp_sse import sse_response
 
-from prism_proxy import BREAKER, GATEWAY, BreakerView, Generation, is_admin
+from prism_proxy import BREAKER, GATEWAY, TELEMETRY, BreakerView, Generation, is_admin
 
-__all__ = ["COOKIE", "LOOK_S", "add_board_routes", "board_snapshot"]
+from .exporter import Exporter
+
+__all__ = ["BUDGET_SHOWN", "COOKIE", "LOOK_S", "add_board_routes", "board_snapshot"]
 
 #: How often an open feed looks for a change.
 LOOK_S = 0.25
 #: The cookie the page keeps the admin token in (read-only use: the board).
 COOKIE = "prism_board_token"
 NO_REGION = "no region"
+#: Organisations whose most used budget is at least this share spent get a banner.
+BUDGET_SHOWN = 0.8
+#: Banners naming organisations, at most (the rest are counted in one more).
+BUDGET_BANNERS = 10
 
 
 def add_board_routes(app: web.Application) -> None:
@@ -120,6 +127,9 @@ def board_snapshot(generation: Generation, *, with_text: bool) -> dict[str, Any]
     capacity = generation.plugin("metrics.capacity")
     if capacity is not None:
         banners.extend(capacity.banners())
+    exporter = generation.services.get(TELEMETRY)
+    if isinstance(exporter, Exporter):
+        banners.extend(_budget_banners(exporter, named=with_text or exporter.org_label))
     return {
         "breaker": breaker is not None,
         "banners": banners,
@@ -135,6 +145,47 @@ def board_snapshot(generation: Generation, *, with_text: bool) -> dict[str, Any]
             )
         ],
     }
+
+
+def _budget_banners(exporter: Exporter, *, named: bool) -> list[dict[str, str]]:
+    """Organisations at or above 80 % of a budget, most spent first, from the levels
+    ``prism_budget_used_ratio`` last had in this process.  Names only where the metrics
+    may carry them (``org_label``) or for the admin: the board is as public as /metrics."""
+    above = sorted(
+        (
+            (ratio, org)
+            for org, ratio in exporter.by_org("prism_budget_used_ratio").items()
+            if ratio >= BUDGET_SHOWN
+        ),
+        key=lambda found: (-found[0], found[1]),
+    )
+    if not above:
+        return []
+    if not named:
+        count = len(above)
+        return [
+            {
+                "kind": "budget",
+                "text": f"budget: {count} organisation{'s' if count > 1 else ''} at or above "
+                f"{BUDGET_SHOWN:.0%} of a budget (names with org_label, or for the admin)",
+            }
+        ]
+    banners = [
+        {
+            "kind": "budget",
+            "text": f"budget: {org} has used {math.floor(ratio * 100)}% of a budget",
+        }
+        for ratio, org in above[:BUDGET_BANNERS]
+    ]
+    if len(above) > BUDGET_BANNERS:
+        banners.append(
+            {
+                "kind": "budget",
+                "text": f"budget: {len(above) - BUDGET_BANNERS} more organisations at or "
+                f"above {BUDGET_SHOWN:.0%} of a budget",
+            }
+        )
+    return banners
 
 
 def _tile(binding_id: str, entry: dict[str, Any] | None, breaker_on: bool) -> dict[str, Any]:

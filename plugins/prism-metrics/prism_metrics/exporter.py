@@ -42,6 +42,7 @@ class Exporter(Telemetry):
         import prometheus_client  # after _multiprocess_dir(): the mode is chosen on import
 
         self.registry: CollectorRegistry = prometheus_client.CollectorRegistry()
+        self.families: dict[str, Family] = {family.name: family for family in FAMILIES}
         self.metrics: dict[str, Any] = {
             family.name: self._make(prometheus_client, family) for family in FAMILIES
         }
@@ -52,13 +53,17 @@ class Exporter(Telemetry):
         #: Event counter values already added to ``prism_events_total``.
         self._events: dict[str, int] = {}
         self._unknown: set[str] = set()
+        #: Gauges by organisation (``org`` families): family -> other labels -> org -> value.
+        #: Kept whether or not ``org`` is exported: the board reads them, and without the
+        #: label the one series is their highest.
+        self._by_org: dict[str, dict[tuple[tuple[str, str], ...], _Levels]] = {}
 
     async def lifecycle(self) -> AsyncIterator[None]:
         yield  # nothing to open or close: the values live in memory (or the shared files)
 
     def labels_of(self, name: str) -> tuple[str, ...]:
-        family = next(f for f in FAMILIES if f.name == name)
-        if name == "prism_requests_total" and self.org_label:
+        family = self.families[name]
+        if family.org and self.org_label:
             return (*family.labels, "org")
         return family.labels
 
@@ -93,6 +98,38 @@ class Exporter(Telemetry):
         metric = self._metric(name)
         if metric is not None:
             self.tally.observe(self._labelled(metric, labels), value)
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        metric = self._metric(name)
+        if metric is None:
+            return
+        family = self.families[name]
+        if family.kind != "gauge":
+            if name not in self._unknown:
+                self._unknown.add(name)
+                log.warning("metrics: %s is a %s, not a gauge; set() dropped", name, family.kind)
+            return
+        if family.org:
+            org = labels.pop("org", "")
+            rest = tuple(sorted(labels.items()))
+            levels = self._by_org.setdefault(name, {}).get(rest)
+            if levels is None:
+                levels = self._by_org[name][rest] = _Levels()
+            highest = levels.set(org, value)
+            if self.org_label:
+                labels["org"] = org
+            else:
+                value = highest
+        self._labelled(metric, labels).set(value)
+
+    def by_org(self, name: str) -> dict[str, float]:
+        """The value of gauge ``name`` per organisation in this process (the highest over
+        its other labels): the board reads it whether or not ``org`` is exported."""
+        found: dict[str, float] = {}
+        for levels in self._by_org.get(name, {}).values():
+            for org, value in levels.values.items():
+                found[org] = max(value, found.get(org, value))
+        return found
 
     def _labelled(self, metric: Any, labels: Mapping[str, str]) -> Any:
         if not labels:
@@ -134,6 +171,26 @@ class Exporter(Telemetry):
         merged = prometheus_client.CollectorRegistry()
         multiprocess.MultiProcessCollector(merged, path=str(self.shared_dir))  # type: ignore[no-untyped-call]
         return bytes(prometheus_client.generate_latest(merged))
+
+
+class _Levels:
+    """One gauge's value per organisation, and the highest of them (kept, not searched for)."""
+
+    __slots__ = ("highest", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.highest = 0.0
+
+    def set(self, org: str, value: float) -> float:
+        before = self.values.get(org)
+        self.values[org] = value
+        if value >= self.highest:
+            self.highest = value
+        elif before is not None and before >= self.highest:
+            # The highest one came down: look again (only then is every org visited).
+            self.highest = max(self.values.values())
+        return self.highest
 
 
 def _multiprocess_dir() -> Path | None:

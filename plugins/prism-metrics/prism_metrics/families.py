@@ -22,6 +22,9 @@ class Family:
     buckets: tuple[float, ...] = BUCKETS
     #: How workers' values combine in one scrape (gauges only; prometheus-client's modes).
     combine: str = "livesum"
+    #: Labelled by organisation too, only with ``[prism:metrics] org_label = true``
+    #: (without it a gauge's one series holds the highest organisation's value).
+    org: bool = False
 
 
 BINDING = ("provider", "upstream_model", "region")
@@ -32,6 +35,7 @@ FAMILIES: tuple[Family, ...] = (
         "counter",
         "Calls settled, by endpoint, requested model, route, outcome and error code.",
         ("endpoint", "model", "route", "outcome", "code"),
+        org=True,
     ),
     Family(
         "prism_attempts_total",
@@ -145,6 +149,23 @@ FAMILIES: tuple[Family, ...] = (
         "1 while the capacity rule fires for this line of this tier.",
         ("model", "provider", "upstream_model"),
         combine="livemax",
+    ),
+    Family(
+        "prism_limit_refusals_total",
+        "counter",
+        "Calls refused by a limit (prism-limits), by limit (rpm, tpm, max_parallel, budget) "
+        "and whose it was (organisation, key, default).",
+        ("limit", "scope"),
+    ),
+    Family(
+        "prism_budget_used_ratio",
+        "gauge",
+        "Spent over amount of an organisation's most used budget in its current period, as "
+        "the last settled call saw it (prism-limits); without org_label, the highest of any "
+        "organisation.",
+        org=True,
+        # The most recent settlement anywhere is the freshest reading of a shared budget.
+        combine="mostrecent",
     ),
     Family(
         "prism_events_total",

@@ -15,7 +15,8 @@ SECTION = "metrics"
 class MetricsSettings:
     org_label: bool = setting(
         False,
-        help="add `org` to `prism_requests_total` (off by default: organisation names are not "
+        help="add `org` to `prism_requests_total` and `prism_budget_used_ratio`, and name "
+        "organisations on the board to everyone (off by default: organisation names are not "
         "bounded by anything Prism controls, and some operators consider them sensitive)",
     )
     capacity_window_s: float = setting(
