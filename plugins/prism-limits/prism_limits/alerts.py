@@ -217,6 +217,8 @@ class BudgetAlerts:
         self.wall = wall
         #: Organisation -> its budgets' counters -> (spent over amount, period end).
         self._used: dict[str, dict[str, tuple[float, int | None]]] = {}
+        #: The ratio last exported per organisation.
+        self._exported: dict[str, float] = {}
 
     def settled(
         self,
@@ -250,7 +252,13 @@ class BudgetAlerts:
         now = self.wall()
         for counter in [c for c, (_, end) in used.items() if end is not None and end <= now]:
             del used[counter]  # a period that ended: its successor counts afresh
-        self.telemetry.set(RATIO, max((ratio for ratio, _ in used.values()), default=0.0), org=org)
+        ratio = max((ratio for ratio, _ in used.values()), default=0.0)
+        # Exported when it moved by a thousandth or more: not once per call for a
+        # budget a call moves by far less.
+        last = self._exported.get(org)
+        if last is None or abs(ratio - last) >= 0.001:
+            self._exported[org] = ratio
+            self.telemetry.set(RATIO, ratio, org=org)
 
     def _alert(
         self,

@@ -20,6 +20,7 @@ does the same in one Redis script.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import AsyncIterator, Sequence
 
@@ -28,6 +29,9 @@ import attrs
 from .limits import Kind, Limit
 
 __all__ = ["WINDOW_S", "Ask", "Decision", "Held", "LocalCounters", "Reading"]
+
+# Enum members bound to names once (why: prism_proxy.call, above Endpoint).
+_WINDOW, _PARALLEL, _BUDGET = Kind.WINDOW, Kind.PARALLEL, Kind.BUDGET
 
 #: The sliding window of rpm and tpm.
 WINDOW_S = 60
@@ -87,13 +91,52 @@ class Held:
 class _Budget:
     spent: int
     reserved: dict[str, int] = attrs.field(factory=dict)
+    #: The sum of ``reserved`` (kept, not summed per call).
+    reserved_total: int = 0
+
+
+@attrs.define
+class _Window:
+    """The last 60 seconds' amounts, per second, oldest first, and their running total."""
+
+    seconds: collections.deque[list[int]] = attrs.field(factory=collections.deque)
+    total: int = 0
+
+    def used(self, second: int) -> int:
+        seconds = self.seconds
+        while seconds and seconds[0][0] <= second - WINDOW_S:
+            self.total -= seconds.popleft()[1]
+        return self.total
+
+    def add(self, second: int, amount: int) -> None:
+        seconds = self.seconds
+        if seconds and seconds[-1][0] == second:
+            seconds[-1][1] += amount
+        else:
+            seconds.append([second, amount])
+        self.total += amount
+
+    def correct(self, second: int, delta: int) -> None:
+        """Change what ``second`` holds by ``delta`` (not below 0), while it is in the window."""
+        for entry in reversed(self.seconds):
+            if entry[0] == second:
+                change = max(entry[1] + delta, 0) - entry[1]
+                entry[1] += change
+                self.total += change
+                return
+            if entry[0] < second:
+                return
+
+    def reset_s(self, now: float) -> float:
+        """Seconds until the oldest amount in the window leaves it."""
+        return max(self.seconds[0][0] + WINDOW_S - now, 0.0) if self.seconds else 0.0
 
 
 @attrs.define
 class LocalCounters:
     """The engine of one gateway process: exact for that process, shared with nobody."""
 
-    windows: dict[str, dict[int, int]] = attrs.field(factory=dict)
+    windows: dict[str, _Window] = attrs.field(factory=dict)
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     budgets: dict[str, _Budget] = attrs.field(factory=dict)
 
@@ -102,10 +145,9 @@ class LocalCounters:
 
     def admit(self, asks: Sequence[Ask], member: str, now: float) -> Decision:
         second = int(now)
+        budgets = self.budgets
         missing = tuple(
-            ask.counter
-            for ask in asks
-            if ask.limit.kind is Kind.BUDGET and ask.counter not in self.budgets
+            ask.counter for ask in asks if ask.limit.kind is _BUDGET and ask.counter not in budgets
         )
         if missing:
             return Decision((), missing=missing)
@@ -125,22 +167,19 @@ class LocalCounters:
     def _check(self, ask: Ask, second: int, now: float) -> tuple[bool, Reading]:
         value = ask.effective
         kind = ask.limit.kind
-        if kind is Kind.WINDOW:
-            buckets = self.windows.get(ask.counter)
-            used = 0
-            if buckets:
-                for old in [at for at in buckets if at <= second - WINDOW_S]:
-                    del buckets[old]
-                used = sum(buckets.values())
+        if kind is _WINDOW:
+            counted = self.windows.get(ask.counter)
+            used = 0 if counted is None else counted.used(second)
             fits = used + ask.amount <= value
             after = used + ask.amount if fits else used
-            return fits, Reading(max(value - after, 0), _window_reset(buckets, second, now))
-        if kind is Kind.PARALLEL:
+            reset = 0.0 if counted is None else counted.reset_s(now)
+            return fits, Reading(max(value - after, 0), reset)
+        if kind is _PARALLEL:
             held = len(self.inflight.get(ask.counter, ()))
             fits = held + 1 <= value
             return fits, Reading(max(value - held - (1 if fits else 0), 0), 1.0)
         budget = self.budgets[ask.counter]
-        committed = budget.spent + sum(budget.reserved.values())
+        committed = budget.spent + budget.reserved_total
         fits = ask.limit.soft or committed + ask.amount <= value
         after = committed + ask.amount if fits else committed
         reset = math.inf if ask.reset_at is None else max(ask.reset_at - now, 0.0)
@@ -148,13 +187,17 @@ class LocalCounters:
 
     def _take(self, ask: Ask, member: str, second: int) -> None:
         kind = ask.limit.kind
-        if kind is Kind.WINDOW:
-            buckets = self.windows.setdefault(ask.counter, {})
-            buckets[second] = buckets.get(second, 0) + ask.amount
-        elif kind is Kind.PARALLEL:
+        if kind is _WINDOW:
+            counted = self.windows.get(ask.counter)
+            if counted is None:
+                counted = self.windows[ask.counter] = _Window()
+            counted.add(second, ask.amount)
+        elif kind is _PARALLEL:
             self.inflight.setdefault(ask.counter, set()).add(member)
         else:
-            self.budgets[ask.counter].reserved[member] = ask.amount
+            budget = self.budgets[ask.counter]
+            budget.reserved_total += ask.amount - budget.reserved.get(member, 0)
+            budget.reserved[member] = ask.amount
 
     def rebuilt(self, counter: str, spent: int) -> None:
         """A budget counter rebuilt from the ledger (kept if another rebuild came first)."""
@@ -171,20 +214,20 @@ class LocalCounters:
         (``spend_counters``, one per budget ask, in order).  Returns each
         budget's spend after.
         """
-        spent_after: list[int] = []
         for ask in held.asks:
             kind = ask.limit.kind
-            if kind is Kind.WINDOW:
+            if kind is _WINDOW:
                 if ask.limit.metric == "tpm" and tokens != ask.amount:
-                    buckets = self.windows.get(ask.counter)
-                    if buckets is not None and held.second in buckets:
-                        buckets[held.second] = max(buckets[held.second] + tokens - ask.amount, 0)
-            elif kind is Kind.PARALLEL:
+                    counted = self.windows.get(ask.counter)
+                    if counted is not None:
+                        counted.correct(held.second, tokens - ask.amount)
+            elif kind is _PARALLEL:
                 self.inflight.get(ask.counter, set()).discard(held.member)
             else:
                 budget = self.budgets.get(ask.counter)
                 if budget is not None:
-                    budget.reserved.pop(held.member, None)
+                    budget.reserved_total -= budget.reserved.pop(held.member, 0)
+        spent_after: list[int] = []
         for counter in spend_counters:
             budget = self.budgets.get(counter)
             if budget is None:
@@ -199,16 +242,14 @@ class LocalCounters:
         found: list[int | None] = []
         for ask in asks:
             kind = ask.limit.kind
-            if kind is Kind.WINDOW:
-                buckets = self.windows.get(ask.counter, {})
-                found.append(sum(v for at, v in buckets.items() if at > int(now) - WINDOW_S))
-            elif kind is Kind.PARALLEL:
+            if kind is _WINDOW:
+                counted = self.windows.get(ask.counter)
+                found.append(0 if counted is None else counted.used(int(now)))
+            elif kind is _PARALLEL:
                 found.append(len(self.inflight.get(ask.counter, ())))
             else:
                 budget = self.budgets.get(ask.counter)
-                found.append(
-                    None if budget is None else budget.spent + sum(budget.reserved.values())
-                )
+                found.append(None if budget is None else budget.spent + budget.reserved_total)
         return found
 
     def reserving(self) -> bool:
@@ -219,9 +260,3 @@ class LocalCounters:
         """Rebase: every budget counter is rebuilt from the ledger on its next use."""
         self.budgets.clear()
 
-
-def _window_reset(buckets: dict[int, int] | None, second: int, now: float) -> float:
-    """Seconds until the oldest amount in the window leaves it."""
-    if not buckets:
-        return 0.0
-    return max(min(buckets) + WINDOW_S - now, 0.0)

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -37,6 +38,7 @@ from prism_proxy import SharedState
 
 from .counting import Ask, Decision, Held, LocalCounters, Reading
 from .limits import Kind
+from .scripts import ADMIT, LOOK, REBASE, REBUILT, RENEW, SETTLE
 
 __all__ = ["SEEN_MS", "WATCH_S", "FleetCounters", "Standing"]
 
@@ -50,222 +52,12 @@ WATCH_S = 0.1
 #: Admissions whose answer was lost, given back when Redis answers again: at most this many.
 _UNSURE_MAX = 10_000
 
-ADMIT = """
-local t = redis.call('TIME')
-local sec = tonumber(t[1])
-local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
-local member, lease, me, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local gw = KEYS[2 * n + 1]
-redis.call('ZADD', gw, now, me)
-redis.call('ZREMRANGEBYSCORE', gw, '-inf', now - tonumber(ARGV[5]))
-redis.call('PEXPIRE', gw, 2 * tonumber(ARGV[5]))
-local gateways = redis.call('ZCARD', gw)
-local missing = {}
-for i = 1, n do
-  local a = 5 + (i - 1) * 5
-  if ARGV[a + 1] == 'b' and redis.call('HEXISTS', KEYS[2 * i - 1], 'spent') == 0 then
-    missing[#missing + 1] = i
-  end
-end
-if #missing > 0 then
-  return {2, gateways, missing}
-end
-local readings = {}
-local refused = 0
-for i = 1, n do
-  local a = 5 + (i - 1) * 5
-  local kind, value, amount = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local soft = ARGV[a + 4] == '1'
-  local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
-  local fits, remaining, reset
-  if kind == 'w' then
-    local all = redis.call('HGETALL', key)
-    local used, oldest = 0, nil
-    for j = 1, #all, 2 do
-      local at = tonumber(all[j])
-      if at <= sec - 60 then
-        redis.call('HDEL', key, all[j])
-      else
-        used = used + tonumber(all[j + 1])
-        if oldest == nil or at < oldest then oldest = at end
-      end
-    end
-    fits = used + amount <= value
-    if fits then used = used + amount end
-    remaining = value - used
-    if oldest == nil then reset = 0 else reset = (oldest + 60) * 1000 - now end
-  elseif kind == 'p' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-    local held = redis.call('ZCARD', key)
-    fits = held + 1 <= value
-    if fits then held = held + 1 end
-    remaining = value - held
-    reset = 1000
-  else
-    local held = tonumber(redis.call('HGET', key, 'reserved') or '0')
-    if held ~= 0 and redis.call('EXISTS', aux) == 0 then
-      -- The leases' key outlives every lease in it: gone, every reservation ran out
-      -- (a gateway died holding them, and nobody admitted since to find them expired).
-      for _, field in ipairs(redis.call('HKEYS', key)) do
-        if string.sub(field, 1, 2) == 'r:' then redis.call('HDEL', key, field) end
-      end
-      redis.call('HSET', key, 'reserved', '0')
-    end
-    local expired = redis.call('ZRANGEBYSCORE', aux, '-inf', now)
-    for _, gone in ipairs(expired) do
-      local r = redis.call('HGET', key, 'r:' .. gone)
-      if r then
-        redis.call('HINCRBY', key, 'reserved', '-' .. r)
-        redis.call('HDEL', key, 'r:' .. gone)
-      end
-    end
-    if #expired > 0 then redis.call('ZREMRANGEBYSCORE', aux, '-inf', now) end
-    local committed = tonumber(redis.call('HGET', key, 'spent')) +
-      tonumber(redis.call('HGET', key, 'reserved') or '0')
-    fits = soft or committed + amount <= value
-    if fits then committed = committed + amount end
-    remaining = value - committed
-    reset = tonumber(ARGV[a + 5])
-    if reset > 0 then reset = reset * 1000 - now else reset = -1 end
-  end
-  if remaining < 0 then remaining = 0 end
-  readings[#readings + 1] = remaining
-  readings[#readings + 1] = reset
-  if not fits and refused == 0 then refused = i end
-end
-if refused > 0 then
-  return {1, gateways, readings, refused}
-end
-for i = 1, n do
-  local a = 5 + (i - 1) * 5
-  local kind, amount = ARGV[a + 1], ARGV[a + 3]
-  local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
-  if kind == 'w' then
-    redis.call('HINCRBY', key, sec, amount)
-    redis.call('PEXPIRE', key, 61000)
-  elseif kind == 'p' then
-    redis.call('ZADD', key, now + lease, member)
-    redis.call('PEXPIRE', key, 2 * lease)
-  else
-    redis.call('HINCRBY', key, 'reserved', amount)
-    redis.call('HSET', key, 'r:' .. member, amount)
-    redis.call('ZADD', aux, now + lease, member)
-    redis.call('PEXPIRE', aux, 2 * lease)
-  end
-end
-return {0, gateways, readings, sec}
-"""
-
-SETTLE = """
-local member, second, cost = ARGV[1], ARGV[2], ARGV[4]
-local tokens, n = tonumber(ARGV[3]), tonumber(ARGV[5])
-for i = 1, n do
-  local a = 5 + (i - 1) * 2
-  local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
-  if kind == 't' then
-    if tokens ~= amount and redis.call('HEXISTS', key, second) == 1 then
-      local now = tonumber(redis.call('HGET', key, second))
-      local after = now + tokens - amount
-      if after < 0 then after = 0 end
-      redis.call('HSET', key, second, string.format('%d', after))
-    end
-  elseif kind == 'p' then
-    redis.call('ZREM', key, member)
-  elseif kind == 'b' then
-    local r = redis.call('HGET', key, 'r:' .. member)
-    if r then
-      redis.call('HINCRBY', key, 'reserved', '-' .. r)
-      redis.call('HDEL', key, 'r:' .. member)
-      redis.call('ZREM', aux, member)
-    end
-  end
-end
-local spent = {}
-for i = 2 * n + 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], 'spent') == 1 then
-    spent[#spent + 1] = redis.call('HINCRBY', KEYS[i], 'spent', cost)
-  else
-    spent[#spent + 1] = -1
-  end
-end
-return spent
-"""
-
-REBUILT = """
-if redis.call('HSETNX', KEYS[1], 'spent', ARGV[1]) == 1 then
-  local expire = tonumber(ARGV[2])
-  local t = redis.call('TIME')
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. t[1])
-  if expire > 0 then
-    redis.call('EXPIREAT', KEYS[1], expire)
-    redis.call('ZADD', KEYS[2], expire, KEYS[1])
-  else
-    redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
-  end
-end
-return 1
-"""
-
-RENEW = """
-local t = redis.call('TIME')
-local lease = tonumber(ARGV[1])
-local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + lease
-for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], 'XX', until_ms, ARGV[i + 1])
-  -- A call longer than the key's life (set at the last admission) must keep it.
-  redis.call('PEXPIRE', KEYS[i], 2 * lease)
-end
-return #KEYS
-"""
-
-REBASE = """
-local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. t[1])
-local keys = redis.call('ZRANGE', KEYS[1], 0, -1)
-local dropped = 0
-for _, key in ipairs(keys) do
-  dropped = dropped + redis.call('HDEL', key, 'spent')
-end
-redis.call('DEL', KEYS[1])
-return dropped
-"""
-
-LOOK = """
-local t = redis.call('TIME')
-local sec = tonumber(t[1])
-local now = sec * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n = tonumber(ARGV[1])
-local out = {sec, redis.call('ZCOUNT', KEYS[2 * n + 1], now - tonumber(ARGV[2]), '+inf')}
-for i = 1, n do
-  local kind, key, aux = ARGV[2 + i], KEYS[2 * i - 1], KEYS[2 * i]
-  local used, extra = 0, -1
-  if kind == 'w' then
-    local all = redis.call('HGETALL', key)
-    for j = 1, #all, 2 do
-      local at = tonumber(all[j])
-      if at > sec - 60 then
-        used = used + tonumber(all[j + 1])
-        if extra < 0 or at < extra then extra = at end
-      end
-    end
-  elseif kind == 'p' then
-    used = redis.call('ZCOUNT', key, '(' .. now, '+inf')
-  else
-    local spent = redis.call('HGET', key, 'spent')
-    if spent then used = tonumber(spent) else used = -1 end
-    extra = 0
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', aux, '(' .. now, '+inf')) do
-      extra = extra + tonumber(redis.call('HGET', key, 'r:' .. member) or '0')
-    end
-  end
-  out[#out + 1] = used
-  out[#out + 1] = extra
-end
-return out
-"""
 
 _KIND_CODES = {Kind.WINDOW: "w", Kind.PARALLEL: "p", Kind.BUDGET: "b"}
+#: The per-call scripts by their SHA-1, as EVALSHA names them.
+_DIGESTS: Mapping[str, str] = {
+    script: hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, SETTLE)
+}
 #: A budget counter outlives its period by a day (a late settlement still finds it).
 _GRACE_S = 86_400
 
@@ -463,21 +255,20 @@ class FleetCounters:
     async def admit(self, asks: Sequence[Ask], member: str) -> tuple[Decision, int]:
         """The decision, and the second (Redis's clock) the window amounts went in."""
         keys: list[str] = []
-        args: list[str | int] = [member, self.lease_ms, self.link.me, len(asks), SEEN_MS]
+        packed: list[str] = []
         for ask in asks:
             key = self.key(ask.counter)
             keys += (key, key + ":leases")
-            args += (
-                _KIND_CODES[ask.limit.kind],
-                ask.effective,
-                ask.amount,
-                int(ask.limit.soft),
-                ask.reset_at or 0,
+            limit = ask.limit
+            packed.append(
+                f"{_KIND_CODES[limit.kind]} {ask.effective} {ask.amount} "
+                f"{int(limit.soft)} {ask.reset_at or 0}"
             )
         keys.append(self.base + "gateways")
+        args = (member, self.lease_ms, self.link.me, len(asks), SEEN_MS, " ".join(packed))
         try:
             with self._guard("limits_admit"):
-                answer: list[Any] = await self.link.connect().eval(ADMIT, len(keys), *keys, *args)
+                answer: list[Any] = await self._script(ADMIT, keys, args)
         except Exception:
             if not self.link.healthy and len(self.unsure) < _UNSURE_MAX:
                 self.unsure.append(Held(list(asks), member, 0, self))
@@ -494,6 +285,20 @@ class FleetCounters:
             return Decision(readings, refused=int(answer[3]) - 1, gateways=gateways), 0
         return Decision(readings, gateways=gateways), int(answer[3])
 
+    async def _script(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """Run ``script`` by its digest (Redis keeps it compiled; the text is sent only
+        when Redis does not know it yet: after a restart or SCRIPT FLUSH)."""
+        client = self.link.connect()
+        digest = _DIGESTS[script]
+        try:
+            return await client.evalsha(digest, len(keys), *keys, *args)
+        except Exception as exc:
+            # redis-py's NoScriptError, named rather than imported: the engine's client
+            # is the shared-state provider's business.
+            if type(exc).__name__ != "NoScriptError":
+                raise
+            return await client.eval(script, len(keys), *keys, *args)
+
     async def rebuilt(self, counter: str, spent: int, reset_at: int | None) -> None:
         """Set a budget counter from the ledger, unless another gateway did first."""
         keys = [self.key(counter), self.base + "budget-counters"]
@@ -505,17 +310,18 @@ class FleetCounters:
         self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
     ) -> list[int]:
         keys: list[str] = []
-        args: list[str | int] = [held.member, held.second, tokens, cost, len(held.asks)]
+        packed: list[str] = []
         for ask in held.asks:
             key = self.key(ask.counter)
             keys += (key, key + ":leases")
             code = _KIND_CODES[ask.limit.kind]
             if code == "w":
                 code = "t" if ask.limit.metric == "tpm" else "r"
-            args += (code, ask.amount)
+            packed.append(f"{code} {ask.amount}")
         keys += [self.key(counter) for counter in spend_counters]
+        args = (held.member, held.second, tokens, cost, len(held.asks), " ".join(packed))
         with self._guard("limits_settle"):
-            spent: list[Any] = await self.link.connect().eval(SETTLE, len(keys), *keys, *args)
+            spent: list[Any] = await self._script(SETTLE, keys, args)
         return [int(value) for value in spent]
 
     async def renew(self, held: Sequence[Held]) -> None:

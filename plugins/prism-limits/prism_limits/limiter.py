@@ -23,6 +23,7 @@ from prism_proxy import (
     Binding,
     Call,
     Pricing,
+    Principal,
     PrismError,
     Settlement,
     SharedState,
@@ -36,11 +37,15 @@ from prism_proxy import (
 from .alerts import BudgetAlerts, Outbox
 from .counting import Ask, Decision, Held, LocalCounters
 from .fleet import FleetCounters
-from .limits import BUDGET, MAX_PARALLEL, RPM, TPM, Kind, Limit, applying, format_money
+from .limits import BUDGET, RPM, TPM, Kind, Limit, Period, applying, format_money
 from .periods import Window, window
 from .settings import LimitsSettings
 
 __all__ = ["HELD", "Limiter"]
+
+#: How many callers' limits (and calls' worst cases) are remembered before starting afresh.
+_PLANS = 4096
+_BUDGET = Kind.BUDGET
 
 log = logging.getLogger("prism.limits")
 
@@ -75,6 +80,9 @@ class Limiter:
         self.wall = wall
         #: Gateways the fleet engine saw lately: the share of a limit while it is away.
         self.gateways = 1
+        self._plans: dict[tuple[int, str], tuple[Principal, tuple[Limit, ...]]] = {}
+        self._windows: dict[Period, Window] = {}
+        self._worst: dict[tuple[Any, ...], int] = {}
         # Without a kept outbox handed over, this generation's own: it sends while it has
         # something to send and stops by itself.
         self.alerts = BudgetAlerts(
@@ -88,19 +96,30 @@ class Limiter:
 
     # -- admission -----------------------------------------------------------
 
-    def limits_of(self, call: Call) -> list[Limit]:
+    def limits_of(self, call: Call) -> Sequence[Limit]:
         model = call.model
         if model is None or call.traffic != "customer":
-            return []
+            return ()
         principal = call.principal
-        return applying(
-            principal.org,
-            principal.key_id,
-            principal.settings,
-            principal.key_settings,
-            self.defaults,
-            model.name,
-        )
+        # Worked out once per caller and model: the principal object is the auth
+        # plugin's, the same for every call until its settings change.
+        key = (id(principal), model.name)
+        plan = self._plans.get(key)
+        if plan is None or plan[0] is not principal:
+            if len(self._plans) >= _PLANS:
+                self._plans.clear()
+            limits = tuple(
+                applying(
+                    principal.org,
+                    principal.key_id,
+                    principal.settings,
+                    principal.key_settings,
+                    self.defaults,
+                    model.name,
+                )
+            )
+            plan = self._plans[key] = (principal, limits)
+        return plan[1]
 
     def admit(self, call: Call) -> Awaitable[None] | None:
         limits = self.limits_of(call)
@@ -108,25 +127,32 @@ class Limiter:
             return None
         return self._admit(call, self._asks(call, limits))
 
-    def _asks(self, call: Call, limits: Sequence[Limit]) -> list[Ask]:
+    def window(self, period: Period) -> Window:
+        """The current period of kind ``period`` (worked out again only when it ends)."""
         now = self.wall()
+        span = self._windows.get(period)
+        if span is None or now < span.start or (span.end is not None and now >= span.end):
+            span = self._windows[period] = window(period, now)
+        return span
+
+    def _asks(self, call: Call, limits: Sequence[Limit]) -> list[Ask]:
         asks: list[Ask] = []
         tokens: int | None = None
         worst: int | None = None
         for limit in limits:
-            metric = limit.metric
-            if metric == RPM or metric == MAX_PARALLEL:
-                asks.append(Ask(limit, limit.counter, 1))
-            elif metric == TPM:
+            kind = limit.kind
+            if kind is _BUDGET:
+                if worst is None:
+                    worst = self.worst_case(call, self._route(call))
+                assert limit.period is not None
+                span = self.window(limit.period)
+                asks.append(Ask(limit, f"{limit.counter}:{span.name}", worst, span.end))
+            elif limit.metric == TPM:
                 if tokens is None:
                     tokens = self._tokens(call)
                 asks.append(Ask(limit, limit.counter, tokens))
             else:
-                if worst is None:
-                    worst = self.worst_case(call, self._route(call))
-                assert limit.period is not None
-                span = window(limit.period, now)
-                asks.append(Ask(limit, f"{limit.counter}:{span.name}", worst, span.end))
+                asks.append(Ask(limit, limit.counter, 1))
         return asks
 
     @staticmethod
@@ -150,13 +176,28 @@ class Limiter:
         if pricing is None:
             return 0
         prompt = prompt_tokens(call)
-        worst = 0
-        for binding in bindings:
-            usage = Usage(
-                input_tokens=prompt,
-                output_tokens=output_cap(call.endpoint, call.body, binding),
-            )
-            worst = max(worst, pricing.cost(binding, usage))
+        body = call.body
+        # Calls alike (same lines, prompt size and caps) cost alike: priced once.
+        key = (
+            tuple(bindings),
+            call.endpoint,
+            prompt,
+            body.get("max_tokens"),
+            body.get("max_completion_tokens"),
+            body.get("n"),
+        )
+        worst = self._worst.get(key)
+        if worst is None:
+            worst = 0
+            for binding in bindings:
+                usage = Usage(
+                    input_tokens=prompt,
+                    output_tokens=output_cap(call.endpoint, body, binding),
+                )
+                worst = max(worst, pricing.cost(binding, usage))
+            if len(self._worst) >= _PLANS:
+                self._worst.clear()
+            self._worst[key] = worst
         return worst
 
     async def _admit(self, call: Call, asks: list[Ask]) -> None:
@@ -288,7 +329,10 @@ class Limiter:
         held = call.extensions.get(HELD)
         if held is None:
             return None
-        reserved = [ask.amount for ask in held.asks if ask.limit.kind is Kind.BUDGET]
+        route = call.route
+        if route is not None and binding in route.bindings:
+            return None  # its worst case is in the reservation already
+        reserved = [ask.amount for ask in held.asks if ask.limit.kind is _BUDGET]
         if not reserved or self.pricing is None:
             return None
         if self.worst_case(call, (binding,)) > min(reserved):
@@ -307,13 +351,12 @@ class Limiter:
                 tokens = usage.input_tokens + usage.output_tokens
             if self.pricing is not None:
                 cost = self.pricing.cost(served.binding, usage)
-        now = self.wall()
         # Each budget's counter in the period the call settled in (what its cost goes to).
         budgets: list[tuple[Limit, Window, str]] = []
         for ask in held.asks:
             limit = ask.limit
-            if limit.kind is Kind.BUDGET and limit.period is not None:
-                span = window(limit.period, now)
+            if limit.kind is _BUDGET and limit.period is not None:
+                span = self.window(limit.period)
                 budgets.append((limit, span, f"{limit.counter}:{span.name}"))
         spend_counters = [counter for _, _, counter in budgets]
         principal = call.principal

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import attrs
 
-from prism_proxy import OrgSetting, per_model_name
+from prism_proxy import NANOS, OrgSetting, per_model_name
 
 __all__ = [
     "BUDGET",
@@ -86,9 +86,12 @@ class Budget:
 
 
 def format_money(nanos: int) -> str:
-    """Nano-units as the operator wrote them: ``250``, ``0.05``."""
-    text = format(Decimal(nanos).scaleb(-9), "f")
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    """Nano-units as the operator wrote them: ``250``, ``0.05`` (exact, no float)."""
+    whole, part = divmod(abs(nanos), NANOS)
+    sign = "-" if nanos < 0 else ""
+    if not part:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{part:09d}".rstrip("0")
 
 
 def parse_count(text: str) -> int:
@@ -196,20 +199,22 @@ class Limit:
     model: str | None = None
     period: Period | None = None
     soft: bool = False
+    #: How it counts (from ``metric``; stored: read on every call).
+    kind: Kind = attrs.field(init=False, eq=False, repr=False)
+    #: The counter's name, the same on every gateway (a budget's period is added to it).
+    counter: str = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def kind(self) -> Kind:
+    @kind.default
+    def _kind(self) -> Kind:
         return _KINDS[self.metric]
+
+    @counter.default
+    def _counter(self) -> str:
+        return f"{self.owner.scope}:{self.owner.name}:{self.model or '*'}:{self.metric}"
 
     @property
     def setting(self) -> str:
         return self.metric if self.model is None else per_model_name(self.metric, self.model)
-
-    @property
-    def counter(self) -> str:
-        """The counter's name, the same on every gateway (the period is added for budgets)."""
-        model = self.model or "*"
-        return f"{self.owner.scope}:{self.owner.name}:{model}:{self.metric}"
 
     def describe(self) -> str:
         """``organisation acme rpm 600``, ``key k_1 budget@gpt-4o 5/day`` (no caller data)."""
