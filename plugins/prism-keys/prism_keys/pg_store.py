@@ -37,7 +37,7 @@ import orjson
 
 from prism_proxy import redact_url
 
-from .store import KeyRow, Loaded, OrgRow, Revoked, _now, check_name, grouped
+from .store import KeyRow, Loaded, OrgRow, Revoked, SettingsTable, _now, check_name, grouped
 from .tokens import NewKey, new_key
 
 __all__ = ["CHANNEL", "PG_SCHEMA_VERSION", "PgKeyStore", "SchemaTooNew", "SyncPgKeyStore"]
@@ -240,6 +240,10 @@ class PgKeyStore:
                 conn.terminate()
 
 
+_ORG_SETTINGS = SettingsTable("prism_keys_org_settings", "org", "prism_keys_orgs", "name")
+_KEY_SETTINGS = SettingsTable("prism_keys_key_settings", "key_id", "prism_keys_keys", "id")
+
+
 class SyncPgKeyStore:
     """The CLI's side: :class:`~prism_keys.store.KeyStore`'s operations, blocking.
 
@@ -363,62 +367,41 @@ class SyncPgKeyStore:
     ) -> frozenset[str] | None:
         """As :meth:`prism_keys.store.KeyStore.update_org_settings`."""
         check_name("organisation", org)
-        names = list(unset)
-
-        async def work(conn: Conn) -> frozenset[str] | None:
-            found = await conn.fetchval(
-                "SELECT 1 FROM prism_keys_orgs WHERE name = $1 FOR UPDATE", org
-            )
-            if found is None:
-                return None
-            removed = set()
-            for name in names:
-                status = await conn.execute(
-                    "DELETE FROM prism_keys_org_settings WHERE org = $1 AND name = $2", org, name
-                )
-                if status != "DELETE 0":
-                    removed.add(name)
-            for name, value in values.items():
-                await conn.execute(
-                    "INSERT INTO prism_keys_org_settings (org, name, value) VALUES ($1, $2, $3) "
-                    "ON CONFLICT (org, name) DO UPDATE SET value = excluded.value",
-                    org,
-                    name,
-                    value,
-                )
-            if values or removed:
-                await _bump(conn)
-            return frozenset(removed)
-
-        return self._run(work)
+        return self._update_settings(_ORG_SETTINGS, org, values, unset)
 
     def update_key_settings(
         self, key_id: str, values: Mapping[str, str], unset: Iterable[str] = ()
     ) -> frozenset[str] | None:
         """As :meth:`prism_keys.store.KeyStore.update_key_settings`."""
+        return self._update_settings(_KEY_SETTINGS, key_id, values, unset)
+
+    def _update_settings(
+        self, table: SettingsTable, owner: str, values: Mapping[str, str], unset: Iterable[str]
+    ) -> frozenset[str] | None:
+        # Table and column names come from the two constants below, never from input.
         names = list(unset)
 
         async def work(conn: Conn) -> frozenset[str] | None:
             found = await conn.fetchval(
-                "SELECT 1 FROM prism_keys_keys WHERE id = $1 FOR UPDATE", key_id
+                f"SELECT 1 FROM {table.owners} WHERE {table.owner_key} = $1 FOR UPDATE", owner
             )
             if found is None:
                 return None
             removed = set()
             for name in names:
                 status = await conn.execute(
-                    "DELETE FROM prism_keys_key_settings WHERE key_id = $1 AND name = $2",
-                    key_id,
+                    f"DELETE FROM {table.name} WHERE {table.owner_column} = $1 AND name = $2",
+                    owner,
                     name,
                 )
                 if status != "DELETE 0":
                     removed.add(name)
             for name, value in values.items():
                 await conn.execute(
-                    "INSERT INTO prism_keys_key_settings (key_id, name, value) "
-                    "VALUES ($1, $2, $3) "
-                    "ON CONFLICT (key_id, name) DO UPDATE SET value = excluded.value",
-                    key_id,
+                    f"INSERT INTO {table.name} ({table.owner_column}, name, value) "
+                    f"VALUES ($1, $2, $3) ON CONFLICT ({table.owner_column}, name) "
+                    "DO UPDATE SET value = excluded.value",
+                    owner,
                     name,
                     value,
                 )

@@ -189,6 +189,20 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+@attrs.frozen
+class SettingsTable:
+    """Where one kind of owner's settings are: the table, and the owners' table and key."""
+
+    name: str
+    owner_column: str
+    owners: str
+    owner_key: str
+
+
+_ORG_SETTINGS = SettingsTable("org_settings", "org", "orgs", "name")
+_KEY_SETTINGS = SettingsTable("key_settings", "key_id", "keys", "id")
+
+
 @attrs.define(eq=False)
 class KeyStore:
     """The key database at ``path``.
@@ -347,43 +361,36 @@ class KeyStore:
         does not exist (nothing is written then).
         """
         check_name("organisation", org)
-        with self._connect() as conn:
-            if conn.execute("SELECT 1 FROM orgs WHERE name = ?", (org,)).fetchone() is None:
-                return None
-            removed = set()
-            for name in unset:
-                cursor = conn.execute(
-                    "DELETE FROM org_settings WHERE org = ? AND name = ?", (org, name)
-                )
-                if cursor.rowcount:
-                    removed.add(name)
-            conn.executemany(
-                "INSERT INTO org_settings (org, name, value) VALUES (?, ?, ?) "
-                "ON CONFLICT (org, name) DO UPDATE SET value = excluded.value",
-                [(org, name, value) for name, value in values.items()],
-            )
-            if values or removed:
-                _bump(conn)
-        return frozenset(removed)
+        return self._update_settings(_ORG_SETTINGS, org, values, unset)
 
     def update_key_settings(
         self, key_id: str, values: Mapping[str, str], unset: Iterable[str] = ()
     ) -> frozenset[str] | None:
         """As :meth:`update_org_settings`, for one key (revoked or not); None: no such key."""
+        return self._update_settings(_KEY_SETTINGS, key_id, values, unset)
+
+    def _update_settings(
+        self, table: SettingsTable, owner: str, values: Mapping[str, str], unset: Iterable[str]
+    ) -> frozenset[str] | None:
+        # Table and column names come from the two constants below, never from input.
         with self._connect() as conn:
-            if conn.execute("SELECT 1 FROM keys WHERE id = ?", (key_id,)).fetchone() is None:
+            exists = conn.execute(
+                f"SELECT 1 FROM {table.owners} WHERE {table.owner_key} = ?", (owner,)
+            ).fetchone()
+            if exists is None:
                 return None
             removed = set()
             for name in unset:
                 cursor = conn.execute(
-                    "DELETE FROM key_settings WHERE key_id = ? AND name = ?", (key_id, name)
+                    f"DELETE FROM {table.name} WHERE {table.owner_column} = ? AND name = ?",
+                    (owner, name),
                 )
                 if cursor.rowcount:
                     removed.add(name)
             conn.executemany(
-                "INSERT INTO key_settings (key_id, name, value) VALUES (?, ?, ?) "
-                "ON CONFLICT (key_id, name) DO UPDATE SET value = excluded.value",
-                [(key_id, name, value) for name, value in values.items()],
+                f"INSERT INTO {table.name} ({table.owner_column}, name, value) VALUES (?, ?, ?) "
+                f"ON CONFLICT ({table.owner_column}, name) DO UPDATE SET value = excluded.value",
+                [(owner, name, value) for name, value in values.items()],
             )
             if values or removed:
                 _bump(conn)
