@@ -325,7 +325,9 @@ async def test_a_second_outage_counts_from_the_ledger_not_from_the_first_ones_co
     assert await outcome(gateways[0]) == "served"  # counted in gateway 0's own counters
     counted_then = await ledger_nanos(prism_postgres, "acme")
     await own_redis.start()
-    await returned(gateways, 1)
+    # Gateway 0 served during the outage, so it saw it; the others may have missed a
+    # short one (nothing asked them), and one rebase is the whole fleet's.
+    await returned(gateways[:1], 1)
     # The fleet spends on between the outages.
     for gw in gateways * 4:
         assert await outcome(gw) == "served"
