@@ -86,7 +86,7 @@ def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
                     here.mkdir()
                     key = None
                     if profile == "full":
-                        ini, key = write_full_profile(here, port, base)
+                        ini, key = write_full_profile(here, port, base, env=env)
                     else:
                         ini = write_prism_config(here, port, base)
                     server = start_prism(servers, name, ini, under_test, env)

@@ -22,7 +22,7 @@ import secrets
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +122,7 @@ def write_full_profile(
     without: str | None = None,
     variant: LimitsVariant | None = None,
     redis: tuple[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[Path, str | None]:
     """The configuration (and the API key the load must send, None without keys).
 
@@ -161,22 +162,26 @@ def write_full_profile(
     )
     key = None
     if without != "keys":
-        key = _create_key(ini)
+        key = _create_key(ini, env=env)
         if variant is not None and variant.applying:
             _keys_cli(ini, "org-set", "bench", *BENCH_LIMITS)
     return ini, key
 
 
-def _create_key(ini: Path, argv: Sequence[str] = ()) -> str:
-    made = _keys_cli(ini, "create", "--org", "bench", "--scopes", "*", *argv)
+def _create_key(ini: Path, argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+    made = _keys_cli(ini, "create", "--org", "bench", "--scopes", "*", *argv, env=env)
     return made.strip().splitlines()[-1]
 
 
-def _keys_cli(ini: Path, action: str, *argv: str) -> str:
-    """``prism keys ACTION --config INI ARGV...``; its output (what it failed with, raised)."""
+def _keys_cli(ini: Path, action: str, *argv: str, env: Mapping[str, str] | None = None) -> str:
+    """``prism keys ACTION --config INI ARGV...``; its output (what it failed with, raised).
+
+    ``env``: the environment of the build under test (compare.py's older build), so
+    that the key database is written by the prism-keys that will read it."""
     done = subprocess.run(
         [sys.executable, "-m", "prism_proxy.cli", "keys", action, "--config", str(ini), *argv],
         capture_output=True, text=True, timeout=60, check=False,
+        env=None if env is None else dict(env),
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"prism keys {action} failed: {done.stderr.strip()[-500:]}")
