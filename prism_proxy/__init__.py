@@ -100,7 +100,7 @@ from .settings import (
     settings_of,
     settings_table,
 )
-from .spend import NANOS, Pricing, Spend, SpendLedger, SpendTotals
+from .spend import NANOS, Pricing, Spend, SpendLedger, SpendSnapshot, SpendTotals
 from .telemetry import WORKERS_DIR_ENV, Telemetry
 from .wire import ChunkKind, Translation, Wire, Wires
 
@@ -176,6 +176,7 @@ __all__ = [
     "Settlement",
     "Spend",
     "SpendLedger",
+    "SpendSnapshot",
     "SpendTotals",
     "Skip",
     "Slots",

@@ -278,6 +278,14 @@ async def settle(generation: Generation, call: Call, settlement: Settlement) -> 
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
             recorded = False
+    callbacks = call.settled_callbacks
+    if callbacks is not None:
+        call.settled_callbacks = None
+        for callback in callbacks:
+            try:
+                callback(recorded)
+            except Exception:
+                log.exception("a when_settled callback failed for %s", call.request_id)
     if call_log.isEnabledFor(logging.INFO):
         fields = access_fields(generation, call, settlement)
         call_log.info(

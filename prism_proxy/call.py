@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -328,6 +328,24 @@ class Call:
     #: estimated size: worked out once, when a line first asks (``prism_proxy.gate``).
     capabilities: tuple[str, ...] | None = None
     prompt_tokens: int | None = None
+    #: Callbacks waiting for the settlement to be recorded (see :meth:`when_settled`).
+    settled_callbacks: list[Callable[[bool], None]] | None = None
+
+    def when_settled(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(recorded)`` once every ``prism_settle`` awaitable has finished.
+
+        ``recorded`` is False when one of them failed (a ledger that could not
+        commit: the call was not billed).  For work that must follow what the
+        others record, without the caller waiting for it: a shared counter
+        counted only once the ledger holds the call's row, so that a gateway
+        killed in between never counts a cost the ledger will not have.  The
+        callback runs on the event loop before the answer completes and must
+        not block; it schedules its own work.
+        """
+        if self.settled_callbacks is None:
+            self.settled_callbacks = [callback]
+        else:
+            self.settled_callbacks.append(callback)
 
     def new_attempt(self, binding: Binding, now: float) -> Attempt:
         attempt = Attempt(

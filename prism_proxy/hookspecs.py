@@ -450,4 +450,10 @@ def prism_settle(call: Call, settlement: Settlement) -> Awaitable[None] | None:
     not get an answer that was not accounted for: a non-streaming call gets
     503 ``settlement_failed`` instead of the body, a stream an error event
     instead of its final event.  Fan-out.
+
+    Work that must follow what the others record (count a cost in a shared
+    engine only once the ledger holds its row) registers
+    ``call.when_settled(callback)``: it runs after every awaitable finished,
+    told whether all succeeded, and the caller does not wait for what it
+    schedules.
     """

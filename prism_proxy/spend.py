@@ -20,7 +20,7 @@ import attrs
 from .call import Usage
 from .catalog import Binding
 
-__all__ = ["NANOS", "Pricing", "Spend", "SpendLedger", "SpendTotals"]
+__all__ = ["NANOS", "Pricing", "Spend", "SpendLedger", "SpendSnapshot", "SpendTotals"]
 
 #: Nano-units per unit of the catalog's currency.
 NANOS = 10**9
@@ -56,6 +56,21 @@ class Spend:
 SpendTotals = Mapping[tuple[str | None, str | None, str], Spend]
 
 
+@attrs.frozen
+class SpendSnapshot:
+    """The ledger's totals and, read in the same snapshot, which recent calls they hold.
+
+    A counter rebuilt from the ledger while calls are settling cannot tell,
+    from a total alone, whether a call it saw settle a moment ago is in that
+    total (its row committed before the read) or not yet: ``recent`` names the
+    calls (by request id) whose rows the total counts among those settled at
+    or after the read's ``recent_since``, per ``(org, key_id, model)``.
+    """
+
+    totals: SpendTotals
+    recent: Mapping[tuple[str | None, str | None, str], frozenset[str]]
+
+
 @runtime_checkable
 class SpendLedger(Protocol):
     """The ledger's totals, for rebuilding counters from the truth."""
@@ -66,4 +81,11 @@ class SpendLedger(Protocol):
         Counts what was billed: served calls only, operator traffic excluded.
         Raises the engine's error when the ledger cannot be read.
         """
+        ...
+
+    async def spend_snapshot(
+        self, since: datetime.datetime | None, recent_since: datetime.datetime
+    ) -> SpendSnapshot:
+        """``spend_since(since)`` and, from the same read of the ledger (one snapshot),
+        the request ids of the counted rows settled at or after ``recent_since``."""
         ...

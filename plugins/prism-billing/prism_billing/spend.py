@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from prism_proxy import Binding, Spend, SpendTotals, Usage
+from prism_proxy import Binding, Spend, SpendSnapshot, SpendTotals, Usage
 
 from .ledger import LedgerWriter, open_for_reading
 from .pg_ledger import PostgresLedgerWriter
@@ -67,25 +67,64 @@ def since_bounds(since: datetime.datetime | None) -> tuple[str, str] | None:
     return moment.isoformat(timespec="milliseconds") + "Z", moment.date().isoformat()
 
 
-def spend_sql(dialect: Dialect, since: datetime.datetime | None) -> tuple[str, list[Any]]:
-    """Served customer rows settled at or after ``since``, summed per (org, key_id, model)."""
-    params: list[Any] = ["customer"]
+def _served_clauses(
+    dialect: Dialect, since: datetime.datetime | None, params: list[Any]
+) -> list[str]:
+    """WHERE clauses for served customer rows settled at or after ``since``; appends
+    their parameters to ``params``."""
+    params.append("customer")
     # Served: a line answered (the row names it).  Rows of calls nothing served
     # (every binding failed, refused, passed through) cost 0 and are no spend.
-    clauses = [f"traffic = {dialect.param(1)}", "provider IS NOT NULL"]
+    return [
+        f"traffic = {dialect.param(len(params))}",
+        "provider IS NOT NULL",
+        *_since_clauses(dialect, since, params),
+    ]
+
+
+def _since_clauses(
+    dialect: Dialect, since: datetime.datetime | None, params: list[Any]
+) -> list[str]:
     bounds = since_bounds(since)
-    if bounds is not None:
-        ts, day = bounds
-        params += [day, ts]
-        # ``day`` lets the (traffic, day) index narrow the scan; ``ts`` is exact.  Both
-        # are fixed-width ISO text; PostgreSQL compares ``ts`` bytewise, as SQLite does.
-        stamp = 'ts COLLATE "C"' if dialect is POSTGRES else "ts"
-        clauses += [f"day >= {dialect.param(2)}", f"{stamp} >= {dialect.param(3)}"]
+    if bounds is None:
+        return []
+    ts, day = bounds
+    params += [day, ts]
+    # ``day`` lets the (traffic, day) index narrow the scan; ``ts`` is exact.  Both
+    # are fixed-width ISO text; PostgreSQL compares ``ts`` bytewise, as SQLite does.
+    stamp = 'ts COLLATE "C"' if dialect is POSTGRES else "ts"
+    return [
+        f"day >= {dialect.param(len(params) - 1)}",
+        f"{stamp} >= {dialect.param(len(params))}",
+    ]
+
+
+def spend_sql(
+    dialect: Dialect,
+    since: datetime.datetime | None,
+    recent_since: datetime.datetime | None = None,
+) -> tuple[str, list[Any]]:
+    """Served customer rows settled at or after ``since``, summed per (org, key_id, model).
+
+    With ``recent_since``, the same statement (one snapshot) also returns one row
+    per counted call settled at or after it, naming its request id (the sums'
+    rows have none).
+    """
+    params: list[Any] = []
+    where = " AND ".join(_served_clauses(dialect, since, params))
     sql = (
         "SELECT org, key_id, model, COUNT(*), "
-        "COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost_nanos), 0) "
-        f"FROM ledger WHERE {' AND '.join(clauses)} GROUP BY org, key_id, model"
+        "COALESCE(SUM(input_tokens + output_tokens), 0), COALESCE(SUM(cost_nanos), 0), "
+        f"NULL FROM ledger WHERE {where} GROUP BY org, key_id, model"
     )
+    if recent_since is not None:
+        # Rows counted above: settled at or after both bounds.
+        recent = _served_clauses(dialect, since, params)
+        recent += _since_clauses(dialect, recent_since, params)
+        sql += (
+            " UNION ALL SELECT org, key_id, model, 0, 0, 0, request_id "
+            f"FROM ledger WHERE {' AND '.join(recent)}"
+        )
     return sql, params
 
 
@@ -93,8 +132,19 @@ def _totals(records: Iterable[Sequence[Any]]) -> dict[tuple[str | None, str | No
     # int(): PostgreSQL sums BIGINT columns as NUMERIC (Decimal); both are whole.
     return {
         (org, key_id, model): Spend(calls=int(calls), tokens=int(tokens), nanos=int(nanos))
-        for org, key_id, model, calls, tokens, nanos in records
+        for org, key_id, model, calls, tokens, nanos, request_id in records
+        if request_id is None
     }
+
+
+def _snapshot(records: Sequence[Sequence[Any]]) -> SpendSnapshot:
+    recent: dict[tuple[str | None, str | None, str], set[str]] = {}
+    for org, key_id, model, *_, request_id in records:
+        if request_id is not None:
+            recent.setdefault((org, key_id, model), set()).add(request_id)
+    return SpendSnapshot(
+        _totals(records), {owner: frozenset(ids) for owner, ids in recent.items()}
+    )
 
 
 def _read_sqlite(path: Path, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -139,12 +189,25 @@ class LedgerSpend:
         ``sqlite3.Error`` or ``OSError`` (no ledger file yet) for SQLite;
         ``OSError``, ``TimeoutError`` or an ``asyncpg`` error for PostgreSQL.
         """
+        return _totals(await self._read(since, None))
+
+    async def spend_snapshot(
+        self, since: datetime.datetime | None, recent_since: datetime.datetime
+    ) -> SpendSnapshot:
+        """:meth:`spend_since` and the request ids of the rows it counts that were
+        settled at or after ``recent_since``, read by one statement (one snapshot
+        of the ledger: a call is in both or in neither)."""
+        return _snapshot(await self._read(since, recent_since))
+
+    async def _read(
+        self, since: datetime.datetime | None, recent_since: datetime.datetime | None
+    ) -> list[tuple[Any, ...]]:
         writer = self.writer
         if isinstance(writer, PostgresLedgerWriter):
-            sql, params = spend_sql(POSTGRES, since)
-            return _totals(await _fetch_pg(writer, sql, params))
-        sql, params = spend_sql(SQLITE, since)
-        return _totals(await asyncio.to_thread(_read_sqlite, writer.path, sql, params))
+            sql, params = spend_sql(POSTGRES, since, recent_since)
+            return await _fetch_pg(writer, sql, params)
+        sql, params = spend_sql(SQLITE, since, recent_since)
+        return await asyncio.to_thread(_read_sqlite, writer.path, sql, params)
 
 
 async def _fetch_pg(

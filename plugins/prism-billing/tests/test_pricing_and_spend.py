@@ -305,6 +305,24 @@ async def test_spend_since_counts_calls_settled_at_or_after_since(traffic):
     )
 
 
+async def test_a_snapshot_names_the_recent_calls_its_totals_count(traffic):
+    spend = spend_of(traffic)
+    midnight = settled_at(3)
+    snapshot = await spend.spend_snapshot(midnight, settled_at(5))
+    # The totals are spend_since's; the recent ids are the counted rows from call 5 on.
+    assert dict(snapshot.totals) == dict(await spend.spend_since(midnight))
+    recent: dict[Any, set[str]] = {}
+    for row in await rows_of(traffic, range(5, 8)):
+        recent.setdefault((row["org"], row["key_id"], row["model"]), set()).add(
+            row["request_id"]
+        )
+    assert recent and {k: set(v) for k, v in snapshot.recent.items()} == recent
+    # Rows the totals do not count (before since, probes, unserved) are never named.
+    early = await spend.spend_snapshot(settled_at(6), settled_at(0))
+    named = set().union(*early.recent.values())
+    assert named == {row["request_id"] for row in await rows_of(traffic, range(6, 8))}
+
+
 async def test_the_services_are_one_per_generation_and_read_the_kept_ledger(
     prism_fake, prism_gateway, prism_plugin, ledger_under_test
 ):

@@ -219,6 +219,8 @@ class BudgetAlerts:
         self._used: dict[str, dict[str, tuple[float, int | None]]] = {}
         #: The ratio last exported per organisation.
         self._exported: dict[str, float] = {}
+        #: Each counter's ratio when the gauge was last worked out from it.
+        self._looked: dict[str, float] = {}
 
     def settled(
         self,
@@ -230,19 +232,32 @@ class BudgetAlerts:
     ) -> None:
         """A call's cost was added to ``budgets`` (each with its period and counter);
         ``spent_after`` is what each holds now (-1: a counter the engine does not hold)."""
-        orgs: set[str] = set()
+        orgs: list[str] | None = None
         for (limit, span, counter), after in zip(budgets, spent_after, strict=False):
-            if after < 0 or limit.value <= 0:
+            value = limit.value
+            if after < 0 or value <= 0:
                 continue
-            for threshold in crossed(limit.value, after, cost, self.thresholds):
-                self._alert(org, key_id, limit, span, after, threshold)
+            # A threshold is crossed only where the whole percentage changed.
+            if cost > 0 and after * 100 // value != (after - cost) * 100 // value:
+                for threshold in crossed(value, after, cost, self.thresholds):
+                    self._alert(org, key_id, limit, span, after, threshold)
             if limit.owner.scope == "organisation":
                 # The gauge is the organisation's own budgets' (a key's has its alerts).
-                used = self._used.setdefault(limit.owner.name, {})
-                used[counter] = (after / limit.value, span.end)
-                orgs.add(limit.owner.name)
-        for name in orgs:
-            self._gauge(name)
+                name = limit.owner.name
+                used = self._used.get(name)
+                if used is None:
+                    used = self._used[name] = {}
+                ratio = after / value
+                was = used.get(counter)
+                used[counter] = (ratio, span.end)
+                # Looked at again when it moved a thousandth since the last look: not
+                # once per call for a budget a call moves by far less.
+                if was is None or abs(ratio - self._looked.get(counter, -1.0)) >= 0.001:
+                    self._looked[counter] = ratio
+                    orgs = [name] if orgs is None else [*orgs, name]
+        if orgs is not None:
+            for name in orgs:
+                self._gauge(name)
 
     def _gauge(self, org: str) -> None:
         """The organisation's most used budget in its current periods."""
@@ -252,6 +267,7 @@ class BudgetAlerts:
         now = self.wall()
         for counter in [c for c, (_, end) in used.items() if end is not None and end <= now]:
             del used[counter]  # a period that ended: its successor counts afresh
+            self._looked.pop(counter, None)
         ratio = max((ratio for ratio, _ in used.values()), default=0.0)
         # Exported when it moved by a thousandth or more: not once per call for a
         # budget a call moves by far less.

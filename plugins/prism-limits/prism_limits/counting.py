@@ -22,22 +22,27 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 
 import attrs
 
 from .limits import Kind, Limit
 
-__all__ = ["WINDOW_S", "Ask", "Decision", "Held", "LocalCounters", "Reading"]
+__all__ = ["RECENT_S", "WINDOW_S", "Ask", "Decision", "Held", "LocalCounters", "Reading"]
 
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
 _WINDOW, _PARALLEL, _BUDGET = Kind.WINDOW, Kind.PARALLEL, Kind.BUDGET
 
 #: The sliding window of rpm and tpm.
 WINDOW_S = 60
+#: How long a settled cost is remembered by request id, for a rebuild whose ledger
+#: read may not hold its row yet (far longer than a row takes to commit).
+RECENT_S = 60
 
 
-@attrs.frozen
+# The per-call objects below are built for every limited call: attrs' mutable
+# classes (plain attribute stores) build several times faster than frozen ones.
+@attrs.define
 class Ask:
     """One limit's share of a call: ``amount`` requests, tokens, a slot or nano-units."""
 
@@ -55,15 +60,17 @@ class Ask:
         return self.limit.value if self.value < 0 else self.value
 
 
-@attrs.frozen
+@attrs.define
 class Reading:
     """What remains of one limit after the call (or at the refusal), and when it frees up."""
 
     remaining: int
     reset_s: float
+    #: The call did not fit this limit.
+    refused: bool = False
 
 
-@attrs.frozen
+@attrs.define
 class Decision:
     """The engine's answer: ``refused`` is the index of the first limit the call did not fit."""
 
@@ -93,6 +100,8 @@ class _Budget:
     reserved: dict[str, int] = attrs.field(factory=dict)
     #: The sum of ``reserved`` (kept, not summed per call).
     reserved_total: int = 0
+    #: The recent calls the ledger read it was rebuilt from counted already.
+    counted: Collection[str] = frozenset()
 
 
 @attrs.define
@@ -139,6 +148,9 @@ class LocalCounters:
     windows: dict[str, _Window] = attrs.field(factory=dict)
     inflight: dict[str, set[str]] = attrs.field(factory=dict)
     budgets: dict[str, _Budget] = attrs.field(factory=dict)
+    #: Per budget counter, the costs settled in the last ``RECENT_S`` seconds:
+    #: ``(when, request id, cost)``, oldest first.
+    recent: dict[str, collections.deque[tuple[float, str, int]]] = attrs.field(factory=dict)
 
     async def lifecycle(self) -> AsyncIterator[None]:
         yield  # in memory: nothing to open or close
@@ -146,17 +158,18 @@ class LocalCounters:
     def admit(self, asks: Sequence[Ask], member: str, now: float) -> Decision:
         second = int(now)
         budgets = self.budgets
-        missing = tuple(
-            ask.counter for ask in asks if ask.limit.kind is _BUDGET and ask.counter not in budgets
-        )
-        if missing:
-            return Decision((), missing=missing)
+        missing: list[str] | None = None
+        for ask in asks:
+            if ask.limit.kind is _BUDGET and ask.counter not in budgets:
+                missing = [ask.counter] if missing is None else [*missing, ask.counter]
+        if missing is not None:
+            return Decision((), missing=tuple(missing))
         readings: list[Reading] = []
         refused: int | None = None
         for index, ask in enumerate(asks):
-            fits, reading = self._check(ask, second, now)
+            reading = self._check(ask, second, now)
             readings.append(reading)
-            if not fits and refused is None:
+            if reading.refused and refused is None:
                 refused = index
         if refused is not None:
             return Decision(tuple(readings), refused)
@@ -164,26 +177,28 @@ class LocalCounters:
             self._take(ask, member, second)
         return Decision(tuple(readings))
 
-    def _check(self, ask: Ask, second: int, now: float) -> tuple[bool, Reading]:
+    def _check(self, ask: Ask, second: int, now: float) -> Reading:
         value = ask.effective
         kind = ask.limit.kind
         if kind is _WINDOW:
             counted = self.windows.get(ask.counter)
-            used = 0 if counted is None else counted.used(second)
+            if counted is None:
+                fits = ask.amount <= value
+                return Reading(value - ask.amount if fits else value, 0.0, not fits)
+            used = counted.used(second)
             fits = used + ask.amount <= value
             after = used + ask.amount if fits else used
-            reset = 0.0 if counted is None else counted.reset_s(now)
-            return fits, Reading(max(value - after, 0), reset)
+            return Reading(max(value - after, 0), counted.reset_s(now), not fits)
         if kind is _PARALLEL:
             held = len(self.inflight.get(ask.counter, ()))
             fits = held + 1 <= value
-            return fits, Reading(max(value - held - (1 if fits else 0), 0), 1.0)
+            return Reading(max(value - held - (1 if fits else 0), 0), 1.0, not fits)
         budget = self.budgets[ask.counter]
         committed = budget.spent + budget.reserved_total
         fits = ask.limit.soft or committed + ask.amount <= value
         after = committed + ask.amount if fits else committed
         reset = math.inf if ask.reset_at is None else max(ask.reset_at - now, 0.0)
-        return fits, Reading(max(value - after, 0), reset)
+        return Reading(max(value - after, 0), reset, not fits)
 
     def _take(self, ask: Ask, member: str, second: int) -> None:
         kind = ask.limit.kind
@@ -193,18 +208,41 @@ class LocalCounters:
                 counted = self.windows[ask.counter] = _Window()
             counted.add(second, ask.amount)
         elif kind is _PARALLEL:
-            self.inflight.setdefault(ask.counter, set()).add(member)
+            inflight = self.inflight.get(ask.counter)
+            if inflight is None:
+                inflight = self.inflight[ask.counter] = set()
+            inflight.add(member)
         else:
             budget = self.budgets[ask.counter]
             budget.reserved_total += ask.amount - budget.reserved.get(member, 0)
             budget.reserved[member] = ask.amount
 
-    def rebuilt(self, counter: str, spent: int) -> None:
-        """A budget counter rebuilt from the ledger (kept if another rebuild came first)."""
-        self.budgets.setdefault(counter, _Budget(spent))
+    def rebuilt(self, counter: str, spent: int, counted: Collection[str], now: float) -> None:
+        """A budget counter rebuilt from a ledger read (kept if another rebuild came
+        first): its total ``spent``, plus the costs settled here lately of calls the
+        read did not count (``counted`` names those it did)."""
+        if counter in self.budgets:
+            return
+        for _, member, cost in self._recent(counter, now):
+            if member not in counted:
+                spent += cost
+        self.budgets[counter] = _Budget(spent, counted=counted)
+
+    def _recent(self, counter: str, now: float) -> collections.deque[tuple[float, str, int]]:
+        costs = self.recent.get(counter)
+        if costs is None:
+            costs = self.recent[counter] = collections.deque()
+        while costs and costs[0][0] < now - RECENT_S:
+            costs.popleft()
+        return costs
 
     def settle(
-        self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
+        self,
+        held: Held,
+        tokens: int,
+        cost: int,
+        spend_counters: Sequence[str],
+        now: float,
     ) -> list[int]:
         """Give back what ``held`` reserved and count what was used.
 
@@ -228,12 +266,16 @@ class LocalCounters:
                 if budget is not None:
                     budget.reserved_total -= budget.reserved.pop(held.member, 0)
         spent_after: list[int] = []
+        member = held.member
         for counter in spend_counters:
+            if cost:
+                self._recent(counter, now).append((now, member, cost))
             budget = self.budgets.get(counter)
             if budget is None:
                 spent_after.append(-1)  # a new period nobody asked about yet: the ledger has it
                 continue
-            budget.spent += cost
+            if member not in budget.counted:
+                budget.spent += cost
             spent_after.append(budget.spent)
         return spent_after
 

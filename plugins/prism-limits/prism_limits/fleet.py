@@ -12,7 +12,9 @@ amounts, the in-flight leases, or a budget's ``spent``, ``reserved`` and one
 ``r:<call>`` field per reservation), ``limits:<counter>:leases`` (when each
 budget reservation expires), ``limits:budget-counters`` (the budget counters
 rebuilt from the ledger, scored by when they expire: what a rebase drops) and
-``limits:gateways`` (who admitted lately).
+``limits:gateways`` (who admitted lately), and, per budget counter,
+``:recent`` (the costs settled lately, by request id) and ``:counted`` (the
+recent calls the ledger read that rebuilt it already counted).
 
 A budget's ``spent`` is rebuilt from the ledger (the truth) whenever the
 fleet does not hold it.  A *rebase* drops every ``spent`` so that each is
@@ -21,6 +23,14 @@ may have settled calls the ledger has and Redis never got), when Redis
 answers again after an outage (what was settled meanwhile is in the ledger,
 not in Redis), and on demand (``prism limits rebase``).  Reservations of
 calls in flight are kept: they are given back at settlement as always.
+
+A rebuild under traffic is exact: a call settling while the ledger is read
+may be in the read's total or not yet (its row commits a moment later).  So
+each settlement remembers its cost by request id for ``RECENT_S`` seconds,
+the ledger read names the recent calls it counted (one snapshot), and the
+rebuilt counter is the read's total plus the remembered costs of the calls
+it did not count; a settlement arriving after a rebuild that counted it adds
+nothing.
 """
 
 from __future__ import annotations
@@ -29,14 +39,14 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from prism_proxy import SharedState
 
-from .counting import Ask, Decision, Held, LocalCounters, Reading
+from .counting import RECENT_S, Ask, Decision, Held, LocalCounters, Reading
 from .limits import Kind
 from .scripts import ADMIT, LOOK, REBASE, REBUILT, RENEW, SETTLE
 
@@ -60,6 +70,7 @@ _DIGESTS: Mapping[str, str] = {
 }
 #: A budget counter outlives its period by a day (a late settlement still finds it).
 _GRACE_S = 86_400
+_RECENT_MS = RECENT_S * 1000
 
 
 @attrs.frozen
@@ -299,12 +310,17 @@ class FleetCounters:
                 raise
             return await client.eval(script, len(keys), *keys, *args)
 
-    async def rebuilt(self, counter: str, spent: int, reset_at: int | None) -> None:
-        """Set a budget counter from the ledger, unless another gateway did first."""
-        keys = [self.key(counter), self.base + "budget-counters"]
+    async def rebuilt(
+        self, counter: str, spent: int, counted: Collection[str], reset_at: int | None
+    ) -> None:
+        """Set a budget counter from a ledger read (``spent``, which counts the calls
+        ``counted`` among the recent ones), unless another gateway did first."""
+        key = self.key(counter)
+        keys = [key, self.base + "budget-counters", key + ":recent", key + ":counted"]
         expire = 0 if reset_at is None else reset_at + _GRACE_S
+        args = (spent, expire, _RECENT_MS, " ".join(counted))
         with self._guard("limits_rebuild"):
-            await self.link.connect().eval(REBUILT, 2, *keys, spent, expire)
+            await self.link.connect().eval(REBUILT, len(keys), *keys, *args)
 
     async def settle(
         self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
@@ -318,8 +334,18 @@ class FleetCounters:
             if code == "w":
                 code = "t" if ask.limit.metric == "tpm" else "r"
             packed.append(f"{code} {ask.amount}")
-        keys += [self.key(counter) for counter in spend_counters]
-        args = (held.member, held.second, tokens, cost, len(held.asks), " ".join(packed))
+        for counter in spend_counters:
+            key = self.key(counter)
+            keys += (key, key + ":recent", key + ":counted")
+        args = (
+            held.member,
+            held.second,
+            tokens,
+            cost,
+            len(held.asks),
+            _RECENT_MS,
+            " ".join(packed),
+        )
         with self._guard("limits_settle"):
             spent: list[Any] = await self._script(SETTLE, keys, args)
         return [int(value) for value in spent]

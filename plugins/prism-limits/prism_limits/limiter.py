@@ -13,6 +13,7 @@ service) before it is used.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import time
@@ -35,7 +36,7 @@ from prism_proxy import (
 )
 
 from .alerts import BudgetAlerts, Outbox
-from .counting import Ask, Decision, Held, LocalCounters
+from .counting import RECENT_S, Ask, Decision, Held, LocalCounters, Reading
 from .fleet import FleetCounters
 from .limits import BUDGET, RPM, TPM, Kind, Limit, Period, applying, format_money
 from .periods import Window, window
@@ -46,6 +47,9 @@ __all__ = ["HELD", "Limiter"]
 #: How many callers' limits (and calls' worst cases) are remembered before starting afresh.
 _PLANS = 4096
 _BUDGET = Kind.BUDGET
+#: Rebuilds of a call's missing budget counters before it is refused (each rebuilt
+#: counter may be dropped again by a rebase before the call is admitted).
+_REBUILDS = 3
 
 log = logging.getLogger("prism.limits")
 
@@ -125,7 +129,16 @@ class Limiter:
         limits = self.limits_of(call)
         if not limits:
             return None
-        return self._admit(call, self._asks(call, limits))
+        asks = self._asks(call, limits)
+        if self.fleet is None:
+            # Counted in the process: decided here, with no awaitable to build and await,
+            # unless a budget counter must first be rebuilt from the ledger.
+            now = self.wall()
+            decision = self.local.admit(asks, call.request_id, now)
+            if not decision.missing:
+                self._conclude(call, asks, decision, int(now), self.local)
+                return None
+        return self._admit(call, asks)
 
     def window(self, period: Period) -> Window:
         """The current period of kind ``period`` (worked out again only when it ends)."""
@@ -210,6 +223,8 @@ class Limiter:
             try:
                 decision, second = await self._fleet_admit(fleet, asks, member)
                 engine = fleet
+            except PrismError:
+                raise
             except Exception as exc:  # an engine that does not answer: its guard said so
                 log.debug("limits: shared state did not answer (%s)", type(exc).__name__)
                 decision = None
@@ -229,14 +244,22 @@ class Limiter:
                     )
                 asks = [_shared_out(ask, self.gateways) for ask in asks]
             decision = await self._local_admit(asks, member)
-        self.gateways = max(decision.gateways, 1) if engine is fleet else self.gateways
+        elif engine is fleet:
+            self.gateways = max(decision.gateways, 1)
+        self._conclude(call, asks, decision, second, engine)
+
+    def _conclude(
+        self, call: Call, asks: list[Ask], decision: Decision, second: int, engine: object
+    ) -> None:
+        """Tell the caller (headers, or the refusal) and keep what the call holds."""
         _headers(call, asks, decision)
         if decision.refused is not None:
             self._refuse(call, asks[decision.refused], decision)
-        held = Held(asks, member, second, engine)
+        held = Held(asks, call.request_id, second, engine)
         call.extensions[HELD] = held
+        fleet = self.fleet
         if fleet is not None and engine is fleet:
-            fleet.held[member] = held
+            fleet.held[held.member] = held
 
     def _shared(self) -> bool:
         fleet = self.fleet
@@ -247,34 +270,50 @@ class Limiter:
         self, fleet: FleetCounters, asks: list[Ask], member: str
     ) -> tuple[Decision, int]:
         decision, second = await fleet.admit(asks, member)
-        if decision.missing:
+        for _ in range(_REBUILDS):
+            if not decision.missing:
+                return decision, second
             for ask in asks:
                 if ask.counter in decision.missing:
-                    spent = await self.ledger_spend(ask)
-                    await fleet.rebuilt(ask.counter, spent, ask.reset_at)
+                    spent, counted = await self.ledger_read(ask)
+                    await fleet.rebuilt(ask.counter, spent, counted, ask.reset_at)
+            # A rebase may have dropped it again meanwhile: then once more.
             decision, second = await fleet.admit(asks, member)
-        return decision, second
+        return _unrebuilt(decision), second
 
     async def _local_admit(self, asks: list[Ask], member: str) -> Decision:
         decision = self.local.admit(asks, member, self.wall())
-        if decision.missing:
+        for _ in range(_REBUILDS):
+            if not decision.missing:
+                return decision
             for ask in asks:
                 if ask.counter in decision.missing:
-                    self.local.rebuilt(ask.counter, await self.ledger_spend(ask))
+                    spent, counted = await self.ledger_read(ask)
+                    self.local.rebuilt(ask.counter, spent, counted, self.wall())
             decision = self.local.admit(asks, member, self.wall())
-        return decision
+        return _unrebuilt(decision)
 
     async def ledger_spend(self, ask: Ask) -> int:
         """What the ledger says ``ask``'s owner spent in the budget's current period."""
+        spent, _ = await self.ledger_read(ask)
+        return spent
+
+    async def ledger_read(self, ask: Ask) -> tuple[int, frozenset[str]]:
+        """What the ledger says ``ask``'s owner spent in the budget's current period,
+        and which of the calls settled lately that total counts (one snapshot)."""
         spend = self.spend
         if spend is None:
-            return 0
+            return 0, frozenset()
         limit = ask.limit
         assert limit.period is not None
-        totals = await spend.spend_since(window(limit.period, self.wall()).since())
+        now = self.wall()
+        # Twice the engines' memory: the ledger's clock and Redis's may differ a little.
+        recent_since = datetime.datetime.fromtimestamp(now - 2 * RECENT_S, datetime.UTC)
+        snapshot = await spend.spend_snapshot(window(limit.period, now).since(), recent_since)
         owner = limit.owner
         total = 0
-        for (org, key_id, model), spent in totals.items():
+        counted: set[str] = set()
+        for (org, key_id, model), spent in snapshot.totals.items():
             if limit.model is not None and model != limit.model:
                 continue
             if owner.scope == "organisation" and org != owner.name:
@@ -286,7 +325,8 @@ class Limiter:
             ):
                 continue
             total += spent.nanos
-        return total
+            counted |= snapshot.recent.get((org, key_id, model), frozenset())
+        return total, frozenset(counted)
 
     def _refuse(self, call: Call, ask: Ask, decision: Decision) -> None:
         limit = ask.limit
@@ -357,21 +397,38 @@ class Limiter:
             limit = ask.limit
             if limit.kind is _BUDGET and limit.period is not None:
                 span = self.window(limit.period)
-                budgets.append((limit, span, f"{limit.counter}:{span.name}"))
-        spend_counters = [counter for _, _, counter in budgets]
+                # Mostly the period it was admitted in, whose counter it names already.
+                counter = (
+                    ask.counter if span.end == ask.reset_at else f"{limit.counter}:{span.name}"
+                )
+                budgets.append((limit, span, counter))
         principal = call.principal
+        # Counted once billing's ledger holds the call's row: a gateway killed in between
+        # counts nothing the ledger will not have (the counters are rebuilt from it).
+        call.when_settled(
+            lambda recorded: self._settled(
+                held, tokens, cost if recorded else 0, budgets, principal.org, principal.key_id
+            )
+        )
+
+    def _settled(
+        self,
+        held: Held,
+        tokens: int,
+        cost: int,
+        budgets: list[tuple[Limit, Window, str]],
+        org: str | None,
+        key_id: str | None,
+    ) -> None:
         fleet = self.fleet
         if fleet is not None and held.engine is fleet:
             fleet.held.pop(held.member, None)
-            fleet.spawn(
-                self._fleet_settle(
-                    fleet, held, tokens, cost, budgets, principal.org, principal.key_id
-                )
-            )
+            fleet.spawn(self._fleet_settle(fleet, held, tokens, cost, budgets, org, key_id))
         else:
-            spent = self.local.settle(held, tokens, cost, spend_counters)
+            spend_counters = [counter for _, _, counter in budgets]
+            spent = self.local.settle(held, tokens, cost, spend_counters, self.wall())
             if budgets:
-                self.alerts.settled(principal.org, principal.key_id, budgets, spent, cost)
+                self.alerts.settled(org, key_id, budgets, spent, cost)
 
     async def _fleet_settle(
         self,
@@ -424,6 +481,20 @@ class Limiter:
         return found
 
 
+def _unrebuilt(decision: Decision) -> Decision:
+    """A decision still missing a budget counter after every rebuild (rebases racing
+    them): the call cannot be counted, so it is not admitted."""
+    if not decision.missing:
+        return decision
+    raise PrismError(
+        503,
+        "limits_unavailable",
+        "Prism could not count this call against its budget (its counter was being "
+        "rebuilt from the ledger); retry shortly",
+        type="api_error",
+    )
+
+
 def _shared_out(ask: Ask, gateways: int) -> Ask:
     """This gateway's share of a limit while the fleet's counters are away."""
     if gateways <= 1:
@@ -433,23 +504,29 @@ def _shared_out(ask: Ask, gateways: int) -> Ask:
 
 def _headers(call: Call, asks: Sequence[Ask], decision: Decision) -> None:
     """OpenAI's rate-limit headers for the tightest rpm and tpm, and the budget left."""
-    headers = call.response_headers
-    tightest: dict[str, tuple[int, int, float]] = {}
+    requests: tuple[Ask, Reading] | None = None
+    tokens: tuple[Ask, Reading] | None = None
     budget_left: int | None = None
     for ask, reading in zip(asks, decision.readings, strict=False):
         metric = ask.limit.metric
-        if metric in (RPM, TPM):
-            best = tightest.get(metric)
-            if best is None or reading.remaining < best[1]:
-                tightest[metric] = (ask.effective, reading.remaining, reading.reset_s)
+        if metric == RPM:
+            if requests is None or reading.remaining < requests[1].remaining:
+                requests = (ask, reading)
+        elif metric == TPM:
+            if tokens is None or reading.remaining < tokens[1].remaining:
+                tokens = (ask, reading)
         elif metric == BUDGET and (budget_left is None or reading.remaining < budget_left):
             budget_left = reading.remaining
-    for metric, suffix in ((RPM, "requests"), (TPM, "tokens")):
-        found = tightest.get(metric)
-        if found is not None:
-            limit, remaining, reset = found
-            headers[f"x-ratelimit-limit-{suffix}"] = str(limit)
-            headers[f"x-ratelimit-remaining-{suffix}"] = str(remaining)
-            headers[f"x-ratelimit-reset-{suffix}"] = f"{max(reset, 0.0):.0f}s"
+    headers = call.response_headers
+    if requests is not None:
+        ask, reading = requests
+        headers["x-ratelimit-limit-requests"] = str(ask.effective)
+        headers["x-ratelimit-remaining-requests"] = str(reading.remaining)
+        headers["x-ratelimit-reset-requests"] = f"{max(reading.reset_s, 0.0):.0f}s"
+    if tokens is not None:
+        ask, reading = tokens
+        headers["x-ratelimit-limit-tokens"] = str(ask.effective)
+        headers["x-ratelimit-remaining-tokens"] = str(reading.remaining)
+        headers["x-ratelimit-reset-tokens"] = f"{max(reading.reset_s, 0.0):.0f}s"
     if budget_left is not None:
         headers["x-prism-budget-remaining"] = format_money(budget_left)

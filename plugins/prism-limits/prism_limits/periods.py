@@ -19,11 +19,10 @@ class Window:
 
     start: int
     end: int | None
-
-    @property
-    def name(self) -> str:
-        """Part of the counter's name: the period's start, so a new period counts afresh."""
-        return str(self.start)
+    #: Part of the counter's name: the period's start, so a new period counts afresh.
+    name: str = attrs.field(
+        default=attrs.Factory(lambda self: str(self.start), takes_self=True), eq=False
+    )
 
     def since(self) -> datetime.datetime | None:
         return None if self.end is None else datetime.datetime.fromtimestamp(self.start, _UTC)

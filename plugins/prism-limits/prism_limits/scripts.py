@@ -2,8 +2,10 @@
 
 Each runs atomically in Redis, on Redis's clock.  ``ADMIT`` checks a call
 against all its limits and, only if it fits every one, reserves it on all;
-``SETTLE`` gives back what a call held and counts what it used; ``REBUILT``
-sets a budget counter from the ledger unless another gateway did first;
+``SETTLE`` gives back what a call held and counts what it used (and
+remembers its cost a while under its request id); ``REBUILT`` sets a budget
+counter from a ledger read unless another gateway did first, adding the
+remembered costs of calls that read did not count yet;
 ``RENEW`` keeps the leases of calls in flight; ``REBASE`` drops the budget
 counters; ``LOOK`` reads counters without changing them.
 """
@@ -123,12 +125,12 @@ return {0, gateways, readings, sec}
 
 SETTLE = """
 -- The per-limit arguments come packed in one (one string to send, not five per limit).
-local A = {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]}
-for field in string.gmatch(ARGV[6], '[^ ]+') do A[#A + 1] = field end
+local A = {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]}
+for field in string.gmatch(ARGV[7], '[^ ]+') do A[#A + 1] = field end
 local member, second, cost = A[1], A[2], A[4]
-local tokens, n = tonumber(A[3]), tonumber(A[5])
+local tokens, n, recent_ms = tonumber(A[3]), tonumber(A[5]), tonumber(A[6])
 for i = 1, n do
-  local a = 5 + (i - 1) * 2
+  local a = 6 + (i - 1) * 2
   local kind, amount = A[a + 1], tonumber(A[a + 2])
   local key, aux = KEYS[2 * i - 1], KEYS[2 * i]
   if kind == 't' then
@@ -149,28 +151,63 @@ for i = 1, n do
     end
   end
 end
+local now = 0
+if cost ~= '0' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local spent = {}
-for i = 2 * n + 1, #KEYS do
-  if redis.call('HEXISTS', KEYS[i], 'spent') == 1 then
-    spent[#spent + 1] = redis.call('HINCRBY', KEYS[i], 'spent', cost)
-  else
+for i = 2 * n + 1, #KEYS, 3 do
+  local key, recent, counted = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+  if cost ~= '0' then
+    -- Remembered a while: a rebuild that read the ledger before this call's row was
+    -- in it adds this cost (see REBUILT).
+    redis.call('ZADD', recent, now, member .. ' ' .. cost)
+    redis.call('ZREMRANGEBYSCORE', recent, '-inf', now - recent_ms)
+    redis.call('PEXPIRE', recent, 2 * recent_ms)
+  end
+  if redis.call('HEXISTS', key, 'spent') == 0 then
     spent[#spent + 1] = -1
+  elseif cost ~= '0' and redis.call('SISMEMBER', counted, member) == 0 then
+    spent[#spent + 1] = redis.call('HINCRBY', key, 'spent', cost)
+  else
+    -- Nothing to add, or the ledger read that rebuilt the counter had this call.
+    spent[#spent + 1] = tonumber(redis.call('HGET', key, 'spent'))
   end
 end
 return spent
 """
 
 REBUILT = """
-if redis.call('HSETNX', KEYS[1], 'spent', ARGV[1]) == 1 then
-  local expire = tonumber(ARGV[2])
-  local t = redis.call('TIME')
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. t[1])
-  if expire > 0 then
-    redis.call('EXPIREAT', KEYS[1], expire)
-    redis.call('ZADD', KEYS[2], expire, KEYS[1])
-  else
-    redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
-  end
+-- KEYS: the counter, the rebuilt counters' index, the counter's recent settlements
+-- and the calls its ledger read counted.  ARGV: the ledger's total, when the counter
+-- expires, how long settlements are remembered, the ids the ledger read counted.
+if redis.call('HSETNX', KEYS[1], 'spent', ARGV[1]) == 0 then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local recent_ms = tonumber(ARGV[3])
+local counted = {}
+for id in string.gmatch(ARGV[4], '[^ ]+') do
+  counted[id] = true
+  redis.call('SADD', KEYS[4], id)
+end
+redis.call('PEXPIRE', KEYS[4], 2 * recent_ms)
+-- Calls settled here whose rows the ledger read did not hold yet: their cost is
+-- in no total the read returned.
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - recent_ms)
+for _, entry in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  local id, cost = string.match(entry, '^(%S+) (%S+)$')
+  if id and not counted[id] then redis.call('HINCRBY', KEYS[1], 'spent', cost) end
+end
+local expire = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. t[1])
+if expire > 0 then
+  redis.call('EXPIREAT', KEYS[1], expire)
+  redis.call('ZADD', KEYS[2], expire, KEYS[1])
+else
+  redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
 end
 return 1
 """

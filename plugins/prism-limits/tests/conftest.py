@@ -40,25 +40,32 @@ class Callers:
 
     orgs: dict[str, dict[str, Any]] = attrs.field(factory=dict)
     keys: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: One principal per caller until its settings change, as prism-keys keeps them.
+    known: dict[str, Principal] = attrs.field(factory=dict)
 
     def org(self, name: str, **settings: str) -> None:
         self.orgs[name] = parsed(settings)
+        self.known.clear()
 
     def key(self, key_id: str, **settings: str) -> None:
         self.keys[key_id] = parsed(settings)
+        self.known.clear()
 
     @hookimpl
     def prism_authenticate(self, call: Any) -> Principal | None:
         value = call.request.headers.get("x-test-key")
         if not value:
             return None
-        key, _, org = value.partition("@")
-        return Principal(
-            key_id=key,
-            org=org or None,
-            settings=self.orgs.get(org, {}),
-            key_settings=self.keys.get(key, {}),
-        )
+        found = self.known.get(value)
+        if found is None:
+            key, _, org = value.partition("@")
+            found = self.known[value] = Principal(
+                key_id=key,
+                org=org or None,
+                settings=self.orgs.get(org, {}),
+                key_settings=self.keys.get(key, {}),
+            )
+        return found
 
 
 @pytest.fixture
