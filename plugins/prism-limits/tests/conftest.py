@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,18 @@ def catalog(fake: Any, scenario: str = "a", **line: Any) -> dict[str, Any]:
             }
         },
     }
+
+
+def ledger_nanos(path: Any) -> int:
+    """What a SQLite ledger's served rows cost, in nano-units."""
+    conn = sqlite3.connect(path)
+    try:
+        (total,) = conn.execute(
+            "SELECT COALESCE(SUM(cost_nanos), 0) FROM ledger WHERE provider IS NOT NULL"
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(total)
 
 
 def parsed(settings: Mapping[str, str]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ the same configuration written to a file, as an operator would.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from prism_proxy import SERVICES
 from prism_proxy.cli import main
 from prism_proxy.testing import installed_plugins
 
-from .conftest import PRICE, catalog
+from .conftest import PRICE, catalog, ledger_nanos
 
 HI = [{"role": "user", "content": "hi"}]
 PLUGINS = ["openai", "limits", "billing", "redis"]
@@ -78,17 +77,6 @@ async def settled(gw: Any) -> None:
     assert limiter is not None
     if limiter.fleet is not None:
         await limiter.fleet.settled()
-
-
-def ledger_nanos(path: Path) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        (total,) = conn.execute(
-            "SELECT COALESCE(SUM(cost_nanos), 0) FROM ledger WHERE provider IS NOT NULL"
-        ).fetchone()
-    finally:
-        conn.close()
-    return int(total)
 
 
 def fleet_sections(prism_redis: Any, **limits: Any) -> dict[str, dict[str, Any]]:

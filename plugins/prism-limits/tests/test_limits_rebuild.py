@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sqlite3
 from decimal import Decimal
 from typing import Any
 
@@ -20,22 +19,11 @@ from prism_limits.plugin import limiter_of
 
 from prism_proxy import SpendLedger, SpendSnapshot, SpendTotals, hookimpl
 
-from .conftest import catalog
+from .conftest import catalog, ledger_nanos
 
 HI = [{"role": "user", "content": "hi"}]
 ROUNDS = 12
 IN_FLIGHT = 16
-
-
-def ledger_nanos(path: Any) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        (total,) = conn.execute(
-            "SELECT COALESCE(SUM(cost_nanos), 0) FROM ledger WHERE provider IS NOT NULL"
-        ).fetchone()
-    finally:
-        conn.close()
-    return int(total)
 
 
 @attrs.define
