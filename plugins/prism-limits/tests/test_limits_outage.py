@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import subprocess
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-import attrs
 import openai
 import pytest
 import redis.asyncio as aioredis
@@ -25,8 +21,9 @@ from prism_fake_upstream import Fault
 from prism_limits.fleet import FleetCounters
 from prism_limits.limits import format_money
 from prism_limits.plugin import limiter_of
+from prism_redis.testing import PrivateRedis
 
-from prism_proxy.testing import eventually, free_port
+from prism_proxy.testing import eventually
 
 from .conftest import catalog
 
@@ -36,73 +33,11 @@ PLUGINS = ["openai", "limits", "billing", "redis"]
 ACME_TOTAL = "limits:organisation:acme:*:budget:0"
 
 
-@attrs.define
-class OwnRedis:
-    """A ``redis-server`` of this test's own on a free port, stopped by its process id.
-
-    It writes nothing by itself (``--save ''``); :meth:`save` writes a snapshot it
-    loads when started again, as a Redis restarted with its data does.
-    """
-
-    port: int
-    workdir: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    async def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = aioredis.Redis.from_url(self.url)
-        try:
-            for _ in range(500):
-                try:
-                    if await client.ping():
-                        return
-                except (OSError, aioredis.RedisError):
-                    await asyncio.sleep(0.02)
-            raise AssertionError(f"redis-server on port {self.port} did not answer")
-        finally:
-            await client.aclose()
-
-    async def save(self) -> None:
-        client = aioredis.Redis.from_url(self.url)
-        try:
-            await client.save()
-        finally:
-            await client.aclose()
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture
-async def own_redis(tmp_path: Path) -> AsyncIterator[OwnRedis]:
-    server = OwnRedis(free_port(), tmp_path)
-    await server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
+async def redis_up(private_redis: PrivateRedis) -> PrivateRedis:
+    """prism-redis's private Redis, started (the tests kill and start it again)."""
+    await private_redis.started()
+    return private_redis
 
 
 async def start_fleet(
@@ -188,12 +123,12 @@ async def returned(gateways: list[Any], times: int) -> None:
 
 @pytest.mark.parametrize("mode", ["share", "open", "closed"])
 async def test_redis_dies_each_gateway_keeps_limits_as_configured_and_counting_resumes(
-    mode, prism_gateway, prism_fake, prism_postgres, own_redis, callers
+    mode, prism_gateway, prism_fake, prism_postgres, redis_up, callers
 ):
     callers.org("acme", rpm="30", budget="1/total")
     prefix = f"prism-test-{secrets.token_hex(6)}"
     gateways = await start_fleet(
-        prism_gateway, prism_fake, own_redis.url, prefix, prism_postgres, mode
+        prism_gateway, prism_fake, redis_up.url, prefix, prism_postgres, mode
     )
     # Each gateway admits a call after all three did: each saw the fleet of three.
     for _ in range(2):
@@ -201,7 +136,7 @@ async def test_redis_dies_each_gateway_keeps_limits_as_configured_and_counting_r
             assert await outcome(gw) == "served"
     await settled(gateways)
 
-    own_redis.kill()
+    redis_up.kill()
     during = [[await outcome(gw) for _ in range(15)] for gw in gateways]
     if mode == "share":
         # Each keeps its share of the fleet's 30 a minute: 30 / 3 gateways.
@@ -217,7 +152,7 @@ async def test_redis_dies_each_gateway_keeps_limits_as_configured_and_counting_r
         assert ready["limits"]["counted"] == f"locally ({mode})"
         assert ready["limits"]["gateways"] == 3
 
-    await own_redis.start()  # on the same port, empty
+    await redis_up.started()  # on the same port, empty
     await returned(gateways, 1)
     for gw in gateways:
         ready = await readyz(gw)
@@ -228,27 +163,27 @@ async def test_redis_dies_each_gateway_keeps_limits_as_configured_and_counting_r
     assert after == ["served"] * 30 + ["429 rate_limited"] * 10
     await settled(gateways)
     # The budget was rebuilt from the ledger: every call served counted once.
-    assert await redis_spent(own_redis.url, prefix) == await ledger_nanos(prism_postgres, "acme")
+    assert await redis_spent(redis_up.url, prefix) == await ledger_nanos(prism_postgres, "acme")
 
 
 async def test_a_redis_back_with_its_data_is_rebased_once_outage_calls_settled(
-    prism_gateway, prism_fake, prism_postgres, prism_clock, own_redis, callers
+    prism_gateway, prism_fake, prism_postgres, prism_clock, redis_up, callers
 ):
     callers.org("acme", budget="1/total")
     prefix = f"prism-test-{secrets.token_hex(6)}"
     gateways = await start_fleet(
-        prism_gateway, prism_fake, own_redis.url, prefix, prism_postgres, "share"
+        prism_gateway, prism_fake, redis_up.url, prefix, prism_postgres, "share"
     )
     for _ in range(2):
         for gw in gateways:
             assert await outcome(gw) == "served"
     await settled(gateways)
     before = await ledger_nanos(prism_postgres, "acme")
-    assert await redis_spent(own_redis.url, prefix) == before
+    assert await redis_spent(redis_up.url, prefix) == before
 
     # Redis stops with its data on disk: what it holds is what was spent until now.
-    await own_redis.save()
-    own_redis.kill()
+    await redis_up.save()
+    redis_up.kill()
     for gw in gateways:
         assert await outcome(gw) == "served"  # counted locally: in the ledger, not in Redis
     # One call still in flight when Redis is back: its upstream waits for the test's clock.
@@ -258,7 +193,7 @@ async def test_a_redis_back_with_its_data_is_rebased_once_outage_calls_settled(
     slow = asyncio.create_task(outcome(gateways[0]))
     await eventually(lambda: prism_fake.hits("a") == hits + 1, what="the slow call upstream")
 
-    await own_redis.start()  # with the snapshot: the spend of the outage is missing from it
+    await redis_up.started()  # with the snapshot: the spend of the outage is missing from it
     await returned(gateways, 1)
     assert fleet_of(gateways[0]).settling  # its outage call is still running
     assert not any(fleet_of(gw).settling for gw in gateways[1:])
@@ -266,7 +201,7 @@ async def test_a_redis_back_with_its_data_is_rebased_once_outage_calls_settled(
     for gw in gateways:
         assert await outcome(gw) == "served"
     await settled(gateways)
-    assert await redis_spent(own_redis.url, prefix) == await ledger_nanos(prism_postgres, "acme")
+    assert await redis_spent(redis_up.url, prefix) == await ledger_nanos(prism_postgres, "acme")
     # The slow call settles: its cost reaches the ledger, not Redis; rebased once more.
     prism_clock.advance(5)
     assert await slow == "served"
@@ -279,7 +214,7 @@ async def test_a_redis_back_with_its_data_is_rebased_once_outage_calls_settled(
     total = await ledger_nanos(prism_postgres, "acme")
     assert total > before
     # Neither the snapshot's stale spend nor anything counted twice: the ledger's total.
-    assert await redis_spent(own_redis.url, prefix) == total
+    assert await redis_spent(redis_up.url, prefix) == total
 
 
 async def test_flushing_the_fleets_keys_mid_period_gives_nobody_a_fresh_budget(
@@ -311,20 +246,20 @@ async def test_flushing_the_fleets_keys_mid_period_gives_nobody_a_fresh_budget(
 
 
 async def test_a_second_outage_counts_from_the_ledger_not_from_the_first_ones_counters(
-    prism_gateway, prism_fake, prism_postgres, own_redis, callers
+    prism_gateway, prism_fake, prism_postgres, redis_up, callers
 ):
     callers.org("acme", budget="1/total")
     prefix = f"prism-test-{secrets.token_hex(6)}"
     gateways = await start_fleet(
-        prism_gateway, prism_fake, own_redis.url, prefix, prism_postgres, "share"
+        prism_gateway, prism_fake, redis_up.url, prefix, prism_postgres, "share"
     )
     for gw in [*gateways, *gateways]:
         assert await outcome(gw) == "served"
     await settled(gateways)
-    own_redis.kill()
+    redis_up.kill()
     assert await outcome(gateways[0]) == "served"  # counted in gateway 0's own counters
     counted_then = await ledger_nanos(prism_postgres, "acme")
-    await own_redis.start()
+    await redis_up.started()
     # Gateway 0 served during the outage, so it saw it; the others may have missed a
     # short one (nothing asked them), and one rebase is the whole fleet's.
     await returned(gateways[:1], 1)
@@ -336,7 +271,7 @@ async def test_a_second_outage_counts_from_the_ledger_not_from_the_first_ones_co
     # reservation, far less than what the fleet spent since.
     share = counted_then + 60_000
     callers.org("acme", budget=f"{format_money(3 * share)}/total")
-    own_redis.kill()
+    redis_up.kill()
     assert await outcome(gateways[0]) == "429 budget_exceeded"
 
 

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import shutil
-import signal
-import subprocess
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import attrs
 import pytest
-from prism_redis.testing import RedisUnderTest
+from prism_redis.testing import PrivateRedis, RedisUnderTest
 
-from prism_proxy.testing import GatewayUnderTest, free_port
+from prism_proxy.testing import GatewayUnderTest
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 #: The breaker as these tests want it: quick to trip, slow to hand out a second trial.
@@ -134,91 +129,13 @@ def fleet(prism_gateway: Any, prism_redis: RedisUnderTest) -> StartFleet:
     return start
 
 
-@attrs.define
-class PrivateRedis:
-    """A ``redis-server`` of this test's own on a free port, stopped by its process id."""
+async def breaker_audit(server: PrivateRedis, prefix: str) -> list[dict[str, Any]]:
+    """The breaker's audit rows under ``prefix`` in ``server``, newest first."""
+    import redis.asyncio as aioredis
 
-    port: int
-    workdir: Path
-    #: It asks for one, so tests can check it never shows.
-    password: str = "pw-" + secrets.token_hex(8)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--requirepass",
-                self.password,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    async def started(self) -> None:
-        self.start()
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(self.url)
-        try:
-
-            async def answers() -> bool:
-                try:
-                    return bool(await client.ping())
-                except (OSError, aioredis.RedisError):
-                    return False
-
-            await until(answers, timeout_s=10)
-        finally:
-            await client.aclose()
-
-    def pause(self) -> None:
-        """Stop it answering (SIGSTOP): what it is sent waits in its sockets."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-    async def audit(self, prefix: str) -> list[dict[str, Any]]:
-        """The breaker's audit rows under ``prefix``, newest first."""
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(self.url, decode_responses=True)
-        try:
-            rows = await client.lrange(f"{prefix}:breaker:audit", 0, -1)
-        finally:
-            await client.aclose()
-        return [json.loads(row.partition("|")[2]) for row in rows]
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(free_port(), tmp_path)
+    client = aioredis.Redis.from_url(server.url, decode_responses=True)
     try:
-        yield server
+        rows = await client.lrange(f"{prefix}:breaker:audit", 0, -1)
     finally:
-        server.kill()
+        await client.aclose()
+    return [json.loads(row.partition("|")[2]) for row in rows]

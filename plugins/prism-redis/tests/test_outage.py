@@ -14,7 +14,15 @@ from prism_fake_upstream import Fault
 
 from prism_proxy.testing import free_port, installed_plugins, serve_process
 
-from .conftest import MESSAGES, binding_state, chat, get_json, two_line_catalog, until
+from .conftest import (
+    MESSAGES,
+    binding_state,
+    breaker_audit,
+    chat,
+    get_json,
+    two_line_catalog,
+    until,
+)
 
 
 async def shared_state(url: str) -> str:
@@ -109,7 +117,7 @@ async def test_a_write_whose_answer_was_lost_is_not_held_against_the_next_one(
     health = await get_json(b.url, "/prism/health")
     entry = next(e for e in health["bindings"] if e["binding"] == "x/up-x")
     assert entry["revision"] == 2
-    rows = await private_redis.audit(prism_redis.prefix)
+    rows = await breaker_audit(private_redis, prism_redis.prefix)
     assert [(r["subject"], r["revision"]) for r in rows] == [("x/up-x", 2), ("x/up-x", 1)]
 
 
