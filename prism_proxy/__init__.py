@@ -7,7 +7,17 @@ change without notice.
 
 from .accounting import output_cap
 from .admin import ADMIN_HEADER, admin_handler, is_admin, require_admin
-from .answers import error_response
+from .admin_services import (
+    Actor,
+    AdminCaller,
+    BreakerOverrides,
+    KeyAdmin,
+    LimitsView,
+    NewSecret,
+    UsageQuery,
+    UsageReport,
+)
+from .answers import Hit, error_response
 from .app import create_app
 from .background import background
 from .breakerstate import (
@@ -40,17 +50,21 @@ from .call import (
     UpstreamResult,
     Usage,
     Verdict,
+    new_id,
 )
 from .capacity import Capacity, Slots
 from .catalog import Binding, Catalog, CatalogKeys, ModelSpec, ProviderSpec, is_region
 from .classification import (
+    CONTENT_FILTERED,
     PERMANENT_MARKERS,
+    content_filtered,
     find_permanent_marker,
     marker_code,
     parse_retry_after,
 )
 from .clock import Clock, LoopClock, ManualClock, Timer
 from .commands import CheckLine, Command, Commands
+from .compat import Untranslatable
 from .config import Config, config_from_mapping, load_config
 from .egress import ProxyError
 from .endpoints import authenticated_call
@@ -74,17 +88,29 @@ from .providers import (
     line_params,
     normalise_params,
 )
+from .response_store import (
+    MemoryResponseStore,
+    ResponseStore,
+    StoredResponse,
+    WallClock,
+    owner_of,
+)
 from .selflink import INTERNAL_HEADER, SelfLink
 from .services import (
     BREAKER,
     BREAKER_STORE,
     CAPACITY,
+    KEY_ADMIN,
+    LIMITS,
+    OVERRIDES,
     PRICING,
     PRINCIPALS,
+    RESPONSE_STORE,
     SERVICES,
     SHARED_STATE,
     SPEND,
     TELEMETRY,
+    USAGE,
     Offer,
     Service,
     Services,
@@ -102,7 +128,24 @@ from .settings import (
 )
 from .spend import NANOS, Pricing, Spend, SpendLedger, SpendSnapshot, SpendTotals
 from .telemetry import WORKERS_DIR_ENV, Telemetry
-from .wire import ChunkKind, Translation, Wire, Wires
+from .wire import ChunkKind, Translation, Wire, Wires, wire_for
+from .wire.chat_parts import (
+    OPENAI_ONLY_PARAMS,
+    ChatChunks,
+    DataURL,
+    MessageItems,
+    chat_completion,
+    chat_tool_call,
+    chat_turns,
+    chat_usage,
+    check_chat_params,
+    data_url,
+    estimated_usage,
+    system_text,
+    text_chars,
+    tool_arguments,
+    tool_result_text,
+)
 
 __all__ = [
     "ADMIN_HEADER",
@@ -111,20 +154,26 @@ __all__ = [
     "BREAKER_ROLE",
     "BREAKER_STORE",
     "CAPACITY",
+    "CONTENT_FILTERED",
     "GATEWAY",
     "INTERNAL_HEADER",
+    "KEY_ADMIN",
     "NANOS",
     "PARAM_RULE_KEYS",
     "PERMANENT_MARKERS",
     "PRICING",
     "PRINCIPALS",
+    "RESPONSE_STORE",
     "SERVICES",
     "SERVING_OUTCOMES",
     "SHARED_STATE",
     "SPEND",
     "STORE_ROLE",
     "TELEMETRY",
+    "USAGE",
     "WORKERS_DIR_ENV",
+    "Actor",
+    "AdminCaller",
     "Attempt",
     "AuditEntry",
     "Binding",
@@ -138,6 +187,7 @@ __all__ = [
     "Clock",
     "CatalogKeys",
     "CheckLine",
+    "Untranslatable",
     "Command",
     "Commands",
     "Config",
@@ -149,8 +199,10 @@ __all__ = [
     "Generation",
     "LoopClock",
     "HttpProvider",
+    "KeyAdmin",
     "ManualClock",
     "ModelSpec",
+    "NewSecret",
     "Offer",
     "OrgSetting",
     "Outcome",
@@ -161,6 +213,11 @@ __all__ = [
     "Pricing",
     "Principal",
     "Principals",
+    "ResponseStore",
+    "StoredResponse",
+    "MemoryResponseStore",
+    "WallClock",
+    "owner_of",
     "PrismError",
     "Provider",
     "ProviderFactory",
@@ -187,7 +244,10 @@ __all__ = [
     "UpstreamResponse",
     "UpstreamResult",
     "Usage",
+    "UsageQuery",
+    "UsageReport",
     "Verdict",
+    "Hit",
     "ChunkKind",
     "Translation",
     "Wire",
@@ -198,9 +258,12 @@ __all__ = [
     "background",
     "check_param_rules",
     "config_from_mapping",
+    "content_filtered",
     "create_app",
     "declared_org_settings",
     "error_response",
+    "new_id",
+    "wire_for",
     "find_permanent_marker",
     "hookimpl",
     "is_admin",
@@ -222,4 +285,24 @@ __all__ = [
     "settings_of",
     "settings_table",
     "split_setting_name",
+    "BreakerOverrides",
+    "OVERRIDES",
+    "LIMITS",
+    "LimitsView",
+    # Reading OpenAI chat requests, writing chat answers (translations to other wires).
+    "OPENAI_ONLY_PARAMS",
+    "ChatChunks",
+    "DataURL",
+    "MessageItems",
+    "chat_completion",
+    "chat_tool_call",
+    "chat_turns",
+    "chat_usage",
+    "check_chat_params",
+    "data_url",
+    "estimated_usage",
+    "system_text",
+    "text_chars",
+    "tool_arguments",
+    "tool_result_text",
 ]

@@ -42,8 +42,9 @@ OUTPUT_FLOOR = 16
 #: thousand, and output the text cannot bound must still be bounded by something.
 OUTPUT_CEILING = 1_000_000
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_EMBEDDINGS, _MESSAGES = Endpoint.EMBEDDINGS, Endpoint.MESSAGES
-_EMPTY = Outcome.EMPTY
+_CHAT, _EMBEDDINGS = Endpoint.CHAT, Endpoint.EMBEDDINGS
+_MESSAGES, _RESPONSES = Endpoint.MESSAGES, Endpoint.RESPONSES
+_EMPTY, _FILTERED = Outcome.EMPTY, Outcome.CONTENT_FILTERED
 
 
 def output_cap(endpoint: Endpoint, body: Mapping[str, Any], binding: Binding) -> int:
@@ -52,11 +53,14 @@ def output_cap(endpoint: Endpoint, body: Mapping[str, Any], binding: Binding) ->
         return 0
     caps = [binding.options.get("max_output_tokens")]
     choices = 1
-    if endpoint is _MESSAGES:
-        caps.append(body.get("max_tokens"))
-    else:
+    # Chat first: it pays the one comparison it always did.
+    if endpoint is _CHAT:
         caps.append(body.get("max_completion_tokens") or body.get("max_tokens"))
         choices = body.get("n") or 1
+    elif endpoint is _MESSAGES:
+        caps.append(body.get("max_tokens"))
+    elif endpoint is _RESPONSES:
+        caps.append(body.get("max_output_tokens"))
     lowest = OUTPUT_CEILING
     for cap in caps:
         if type(cap) is int and cap < lowest:
@@ -88,8 +92,10 @@ def checked_usage(
     visible = output - reported.reasoning_tokens
     prepared = served.prepared
     cap = output_cap(prepared.endpoint, prepared.body, served.attempt.binding)
+    # A filtered answer's withheld text was generated (and billed upstream) all the same.
     measured = not (
         served.attempt.outcome is _EMPTY
+        or served.attempt.outcome is _FILTERED
         or (reported.reasoning_unmeasured and not reported.reasoning_tokens)
     )
     if (

@@ -33,6 +33,7 @@ __all__ = [
     "Answer",
     "BodyAnswer",
     "ErrorAnswer",
+    "Hit",
     "StreamAnswer",
     "client_wire",
     "error_response",
@@ -133,6 +134,25 @@ class ErrorAnswer(Answer):
     async def finish(self, call: Call, recorded: bool) -> web.StreamResponse:
         wire = client_wire(call.request, call.endpoint)
         return error_response(self.error, wire=wire, headers=prism_headers(call))
+
+
+@attrs.frozen(kw_only=True)
+class Hit:
+    """A stored answer a plugin serves instead of dispatching the call (``prism_lookup``).
+
+    ``body`` is the answer in the caller's wire: the whole body, or for a
+    streaming call the stream's events, written at once, and ``tail`` the
+    events written after the call is settled, before the wire's own final
+    event (which the core writes: never include it).  ``settlement`` says
+    how the call ended (``outcome="cached"``); its ``served`` attempt names
+    the line that made the answer (``x-prism-provider``, ``x-prism-model``)
+    and is what billing prices.
+    """
+
+    body: bytes
+    settlement: Settlement
+    tail: bytes = b""
+    content_type: str = "application/json"
 
 
 def refusal(err: PrismError) -> ErrorAnswer:

@@ -46,6 +46,8 @@ class Endpoint(enum.StrEnum):
     CHAT = "chat"
     EMBEDDINGS = "embeddings"
     MESSAGES = "messages"
+    #: OpenAI's Responses API (``POST /v1/responses``), served by translation.
+    RESPONSES = "responses"
     #: ``GET /v1/models``: authenticated like a call, never dispatched nor settled.
     MODELS = "models"
 
@@ -62,11 +64,16 @@ class Outcome(enum.StrEnum):
     REQUEST_ERROR = "request_error"
     CANCELLED = "cancelled"
     BROKEN_STREAM = "broken_stream"
+    #: A content filter or safety system refused the prompt or cut the answer
+    #: (a finish reason in the provider wire's ``filtered``, or a classifier's say).
+    CONTENT_FILTERED = "content_filtered"
 
 
 #: The outcomes of an attempt whose answer may reach the caller: dispatch stops
-#: at the first of them (``empty`` is served flagged, or falls back if the model says).
-SERVING_OUTCOMES = frozenset({Outcome.OK, Outcome.EMPTY})
+#: at the first of them (``empty`` and ``content_filtered`` are served flagged, or
+#: fall back if the model says ``empty = "fallback"``; a filtered 200 only: a
+#: refused prompt has no answer to serve).
+SERVING_OUTCOMES = frozenset({Outcome.OK, Outcome.EMPTY, Outcome.CONTENT_FILTERED})
 
 
 @attrs.frozen
@@ -146,6 +153,9 @@ class Attempt:
     finish_reason: str | None = None
     #: Parameters dropped or renamed for this binding (``x-prism-params-adjusted``).
     params_adjusted: list[str] = attrs.field(factory=list)
+    #: How the line got the call when not plainly in the caller's wire
+    #: (``native responses``, ``translated to anthropic``), for the attempt record.
+    sent_as: str | None = None
     #: Plugins' own per-attempt data, keyed by plugin name.
     extensions: dict[str, Any] = attrs.field(factory=dict)
 
@@ -254,17 +264,25 @@ class Settlement:
     """How a call ended, handed once to ``prism_settle``.
 
     ``outcome`` is ``ok`` (served in full), ``empty`` (an empty completion
-    served flagged, see ``x-prism-outcome``), ``error`` (nothing served, or a
-    stream that broke after its commit point) or ``aborted`` (the client went
-    away or the server shut down mid-answer).  ``served`` is the attempt whose
-    answer reached the caller, if any; only it may be billed.
+    served flagged, see ``x-prism-outcome``), ``content_filtered`` (a content
+    filter refused the prompt or cut the answer: served flagged, or refused
+    with code ``content_filtered``), ``error`` (nothing served, or a
+    stream that broke after its commit point), ``aborted`` (the client went
+    away or the server shut down mid-answer) or ``cached`` (a plugin answered
+    from its cache, ``prism_lookup``: no upstream was called; ``served`` is
+    the stored answer's line, priced at its cache price).  ``served`` is the
+    attempt whose answer reached the caller, if any; only it may be billed.
+    ``answer`` is that answer as the caller got it (its body, or its stream's
+    events), kept only when a plugin asked (``Call.keep_answer``) and no
+    longer than that.
     """
 
-    outcome: Literal["ok", "empty", "error", "aborted"]
+    outcome: Literal["ok", "empty", "content_filtered", "error", "aborted", "cached"]
     status: int
     served: Attempt | None = None
     usage: Usage | None = None
     error_code: str | None = None
+    answer: bytes | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -330,6 +348,9 @@ class Call:
     prompt_tokens: int | None = None
     #: Callbacks waiting for the settlement to be recorded (see :meth:`when_settled`).
     settled_callbacks: list[Callable[[bool], None]] | None = None
+    #: The most bytes of the served answer a plugin wants in ``Settlement.answer``
+    #: (0, the default: none are kept); a longer answer is not kept at all.
+    keep_answer: int = 0
 
     def when_settled(self, callback: Callable[[bool], None]) -> None:
         """Call ``callback(recorded)`` once every ``prism_settle`` awaitable has finished.

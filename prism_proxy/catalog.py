@@ -8,6 +8,7 @@ provider alone.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import cachetools
 import orjson
 
 from .errors import ConfigError
@@ -40,6 +42,7 @@ _MODEL_KEYS = frozenset(
         "fallback_models",
         "cross_tier_fallback",
         "degraded",
+        "context_fallback",
     }
 )
 EMPTY_POLICIES = ("return", "fallback")
@@ -59,7 +62,14 @@ _CORE_LINE_OPTIONS = frozenset(
 REGION_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 #: What a line may declare it can do (``capabilities``); see :mod:`prism_proxy.gate`.
 LINE_CAPABILITIES = ("tools", "vision", "json_mode", "audio")
-_TOP_KEYS = frozenset({"providers", "models"})
+_TOP_KEYS = frozenset({"providers", "models", "aliases"})
+#: The placeholder a wildcard model's lines put the caller's name in.
+NAME_FIELD = "{name}"
+#: What a wildcard may stand for: an upstream model's name, not a path or a query.
+_WILDCARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}")
+#: Wildcard models resolved so far, kept per catalog (the oldest go first): their
+#: lines keep one identity per name, as breakers, prices and caches key them.
+_WILDCARD_CACHE = 4096
 
 
 @attrs.frozen
@@ -134,6 +144,51 @@ class ModelSpec:
     cross_tier_fallback: bool | Literal["caller"] | None = None
     #: A templated answer served instead of a 504 when the call budget runs out.
     degraded: str | None = None
+    #: An upstream's context-length refusal moves on to a line with a larger
+    #: ``max_context_tokens`` instead of going back to the caller.
+    context_fallback: bool = False
+
+
+@attrs.frozen(eq=False)
+class Wildcard:
+    """``[models."<prefix>*"]``: any ``<prefix><name>``, by lines whose model has ``{name}``."""
+
+    prefix: str
+    spec: ModelSpec
+
+    def resolve(self, catalog: Catalog, name: str) -> ModelSpec | None:
+        rest = name[len(self.prefix) :]
+        if not _WILDCARD_NAME.fullmatch(rest):
+            return None
+        chain = tuple(
+            catalog.line(
+                line.provider,
+                line.model.replace(NAME_FIELD, rest),
+                _priced(line.options, rest),
+            )
+            for line in self.spec.chain
+        )
+        return attrs.evolve(self.spec, name=name, chain=chain)
+
+
+def _priced(options: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A wildcard line's options for one name: its ``price`` picked by glob, first match wins."""
+    table = options.get("price")
+    if not _is_price_table(table):
+        return options
+    assert isinstance(table, dict)
+    picked = next((price for glob, price in table.items() if fnmatch.fnmatchcase(name, glob)), None)
+    out = {key: value for key, value in options.items() if key != "price"}
+    if picked is not None:
+        out["price"] = picked
+    return out
+
+
+def _is_price_table(value: Any) -> bool:
+    """A price keyed by glob (every value a table), not one price (numbers)."""
+    if not isinstance(value, dict) or not value:
+        return False
+    return all(isinstance(v, dict) for v in value.values())
 
 
 @attrs.frozen(eq=False)
@@ -144,6 +199,17 @@ class Catalog:
     bindings: Mapping[str, Binding]
     #: Every key a chain line may carry: the core's and those plugins declared.
     line_keys: frozenset[str] = _BINDING_KEYS | _CORE_LINE_OPTIONS
+    #: ``[aliases]``: another name for a model, resolved to the very same spec.
+    aliases: Mapping[str, ModelSpec] = attrs.field(factory=dict)
+    #: Wildcard models, longest prefix first.
+    wildcards: tuple[Wildcard, ...] = ()
+    _resolved: cachetools.FIFOCache[str, ModelSpec] = attrs.field(
+        factory=lambda: cachetools.FIFOCache(_WILDCARD_CACHE), init=False
+    )
+
+    def names(self) -> list[str]:
+        """Every name a caller may use (``/v1/models``): models, then aliases."""
+        return [*self.models, *self.aliases]
 
     def fingerprint(self, binding: Binding) -> str:
         """What makes a line the same upstream: its provider's kind and options, its model.
@@ -192,18 +258,34 @@ class Catalog:
             )
 
     def resolve(self, name: str) -> ModelSpec | None:
-        """The model a caller asked for: a catalog model, or a pinned binding."""
+        """The model a caller asked for: a catalog model, an alias's, a pinned binding,
+        or a wildcard model's (made once per name, then kept)."""
         model = self.models.get(name)
+        if model is not None:
+            return model
+        model = self.aliases.get(name)
         if model is not None:
             return model
         binding = self.bindings.get(name)
         if binding is None:
-            return None
+            return self._wildcard(name) if self.wildcards else None
         tier = next(
             (m.tier for m in self.models.values() if any(b.id == name for b in m.chain)),
             "standard",
         )
         return ModelSpec(name=name, tier=tier, chain=(binding,), pinned=True, retries=0)
+
+    def _wildcard(self, name: str) -> ModelSpec | None:
+        model = self._resolved.get(name)
+        if model is not None:
+            return model
+        for wildcard in self.wildcards:
+            if name.startswith(wildcard.prefix):
+                model = wildcard.resolve(self, name)
+                if model is not None:
+                    self._resolved[name] = model
+                return model
+        return None
 
 
 _REGION_PROBLEM = (
@@ -256,7 +338,7 @@ def load_catalog(
 
     for key in data:
         if key not in _TOP_KEYS:
-            raise err(key, "unknown table (expected [providers.*] and [models.*])")
+            raise err(key, "unknown table (expected [providers.*], [models.*] and [aliases])")
     model_keys = set(_MODEL_KEYS)
     binding_keys = set(_BINDING_KEYS | _CORE_LINE_OPTIONS)
     for extra in extra_keys:
@@ -283,7 +365,9 @@ def load_catalog(
 
     models: dict[str, ModelSpec] = {}
     bindings: dict[str, Binding] = {}
-    catalog = Catalog(source, providers, models, bindings, frozenset(binding_keys))
+    aliases: dict[str, ModelSpec] = {}
+    wildcards: list[Wildcard] = []
+    catalog = Catalog(source, providers, models, bindings, frozenset(binding_keys), aliases)
     for name, table in _tables(data, "models", err).items():
         for key in table:
             if key not in model_keys:
@@ -312,20 +396,71 @@ def load_catalog(
             options = {k: v for k, v in line.items() if k not in _BINDING_KEYS}
             catalog.check_line_options(where, options)
             binding = catalog.line(provider, upstream, options)
-            bindings.setdefault(binding.id, binding)
+            if "*" not in name:  # a wildcard's lines are templates, not lines to pin
+                bindings.setdefault(binding.id, binding)
             chain.append(binding)
         options = {k: v for k, v in table.items() if k not in _MODEL_KEYS}
-        models[name] = ModelSpec(
+        spec = ModelSpec(
             name=name, tier=tier, chain=tuple(chain), options=options, **_policy(name, table, err)
         )
-    for name, model in models.items():
+        if "*" in name:
+            wildcards.append(_wildcard(spec, err))
+        else:
+            models[name] = spec
+    for name, model in [*models.items(), *((w.spec.name, w.spec) for w in wildcards)]:
         for index, other in enumerate(model.fallback_models):
             if other not in models or other == name:
                 raise err(
                     f"models.{name}.fallback_models[{index}]",
                     f"{other!r} is not another model of this catalog",
                 )
+    aliases.update(_aliases(data.get("aliases", {}), models, bindings, err))
+    if wildcards:
+        # The longest prefix is the most specific: "acme/big-*" before "acme/*".
+        wildcards.sort(key=lambda wildcard: -len(wildcard.prefix))
+        catalog = attrs.evolve(catalog, wildcards=tuple(wildcards))
     return catalog
+
+
+def _wildcard(spec: ModelSpec, err: Any) -> Wildcard:
+    name = spec.name
+    if name.count("*") != 1 or not name.endswith("*") or name == "*":
+        raise err(
+            f"models.{name}",
+            'a wildcard model is a prefix then one * at the end, e.g. "acme/*"',
+        )
+    for index, line in enumerate(spec.chain):
+        if NAME_FIELD not in line.model:
+            raise err(
+                f"models.{name}.chain[{index}].model",
+                f"a wildcard model's line names its upstream model with {NAME_FIELD}, "
+                f'e.g. model = "{NAME_FIELD}"',
+            )
+        price = line.options.get("price")
+        if isinstance(price, dict) and any(isinstance(v, dict) for v in price.values()):
+            if not _is_price_table(price):
+                raise err(
+                    f"models.{name}.chain[{index}].price",
+                    "expected one price, or prices keyed by glob: "
+                    '{ "big-*" = { ... }, "*" = { ... } }',
+                )
+    return Wildcard(prefix=name[:-1], spec=spec)
+
+
+def _aliases(
+    table: Any, models: Mapping[str, ModelSpec], bindings: Mapping[str, Binding], err: Any
+) -> dict[str, ModelSpec]:
+    """``[aliases]``: ``"gpt-4o" = "chat-a"``, each resolved to its model once, at load."""
+    if not isinstance(table, dict):
+        raise err("aliases", 'expected a table of "alias" = "model"')
+    out: dict[str, ModelSpec] = {}
+    for alias, target in table.items():
+        if alias in models or alias in bindings or "*" in alias:
+            raise err(f"aliases.{alias}", "is already a model's name (or a pattern)")
+        if not isinstance(target, str) or target not in models:
+            raise err(f"aliases.{alias}", f"{target!r} is not a model of this catalog")
+        out[alias] = models[target]
+    return out
 
 
 def _policy(name: str, table: Mapping[str, Any], err: Any) -> dict[str, Any]:
@@ -359,6 +494,12 @@ def _policy(name: str, table: Mapping[str, Any], err: Any) -> dict[str, Any]:
     if degraded is not None and (not isinstance(degraded, str) or not degraded.strip()):
         raise err(f"models.{name}.degraded", "expected the text of the degraded answer")
     policy["degraded"] = degraded
+    context_fallback = table.get("context_fallback", False)
+    if not isinstance(context_fallback, bool):
+        raise err(
+            f"models.{name}.context_fallback", f"expected true or false, got {context_fallback!r}"
+        )
+    policy["context_fallback"] = context_fallback
     return policy
 
 

@@ -9,8 +9,20 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-__all__ = ["PERMANENT_MARKERS", "find_permanent_marker", "marker_code", "parse_retry_after"]
+from .call import Outcome, Verdict
+
+__all__ = [
+    "CONTENT_FILTERED",
+    "CONTEXT_MARKERS",
+    "PERMANENT_MARKERS",
+    "content_filtered",
+    "find_permanent_marker",
+    "is_context_refusal",
+    "marker_code",
+    "parse_retry_after",
+]
 
 #: Phrases that mean money or credentials.  Deliberately narrow: the bare word
 #: "quota" is not here, because a per-minute quota message is transient.
@@ -25,6 +37,39 @@ PERMANENT_MARKERS: tuple[str, ...] = (
     "incorrect api key",
     "account_deactivated",
 )
+
+
+#: What an upstream's 400 says when the prompt does not fit the model's context
+#: window: OpenAI's error code, and Anthropic's invalid_request_error message
+#: ("prompt is too long: 208310 tokens > 200000 maximum").
+CONTEXT_MARKERS: tuple[str, ...] = ("context_length_exceeded", "prompt is too long")
+
+
+def is_context_refusal(result: Any) -> bool:
+    """Whether an upstream answer (an ``UpstreamResult``) refused the prompt as too long.
+
+    Read only for a request error of a model with ``context_fallback``: a 400
+    (413 for a body that big) whose body names the context window.
+    """
+    if result.status not in (400, 413):
+        return False
+    text: str = result.text_lower
+    return any(marker in text for marker in CONTEXT_MARKERS)
+
+
+#: The outcome and caller-facing code of a prompt or answer a content filter stopped.
+CONTENT_FILTERED = "content_filtered"
+
+
+def content_filtered(reason: str) -> Verdict:
+    """The verdict for a content filter's refusal: of the prompt (a provider's own
+    error, which its classifier recognises) or of the answer (a finish reason in
+    the wire's ``filtered``, which the core recognises itself).
+
+    Never retried on the same line; the model's ``empty`` policy decides
+    whether the caller is told (``return``) or the next line tried (``fallback``).
+    """
+    return Verdict(Outcome.CONTENT_FILTERED, reason, code=CONTENT_FILTERED)
 
 
 def find_permanent_marker(text_lower: str, extra: Iterable[str] = ()) -> str | None:

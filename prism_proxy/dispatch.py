@@ -5,6 +5,11 @@ the attempt that will serve, or raises an error carrying the record of
 everything tried.  The decisions (the README's "What happens on failure"):
 
 - ``ok`` serves; ``empty`` serves unless the model says ``empty = "fallback"``;
+- ``content_filtered`` (an answer whose finish reason is in the provider wire's
+  ``filtered``, whatever a classifier said; or a prompt a classifier says a
+  content filter refused) follows the same policy: a filtered answer is served
+  flagged, a refused prompt is a 400 ``content_filtered``, or, with
+  ``empty = "fallback"``, the next line is tried; never retried on the same line;
 - ``request_error`` returns the upstream's answer unchanged (no retry, no fallback);
 - a connect that fails because the gateway is out of files or memory is
   ``cancelled`` with code ``gateway_out_of_resources``, whatever a classifier
@@ -21,7 +26,14 @@ everything tried.  The decisions (the README's "What happens on failure"):
   than :data:`MIN_ATTEMPT_S` left, no wait is taken that would leave less, and
   an attempt's timeout never outlasts the budget;
 - a spent chain moves to ``fallback_models`` (another tier) only when
-  cross-tier fallback is switched on; a pinned binding gets exactly one attempt.
+  cross-tier fallback is switched on; a pinned binding gets exactly one attempt;
+- a context-length refusal moves on, for a model with ``context_fallback``,
+  to the next line whose ``max_context_tokens`` is larger (else it is a
+  request error like any other);
+- a conversation carrying signed reasoning skips the lines of other provider
+  families (``signed_reasoning``);
+- a structured output on a line that expresses it as a forced tool is held
+  until the answer is whole, and served only when it matches its schema.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import logging
 import aiohttp
 import attrs
 
+from .answers import Hit
 from .backoff import Backoff
 from .call import (
     SERVING_OUTCOMES,
@@ -47,13 +60,17 @@ from .call import (
 )
 from .capacity import Slots
 from .catalog import Binding, ModelSpec
+from .classification import CONTENT_FILTERED, content_filtered, is_context_refusal
 from .compat import Prepared, Untranslatable, prepare
 from .errors import PrismError
-from .gate import Incompatible, check_line
+from .gate import Incompatible, check_line, check_signed, reasoning_signer
 from .generation import Generation
 from .providers import UpstreamResponse
 from .record import attempt_record
 from .stream import UpstreamStream
+from .structured import hold, structured
+from .wire import wire_for
+from .wire.translate_response import answer_schema
 
 __all__ = ["ChainDeadline", "PassThrough", "Served", "dispatch", "exhausted"]
 
@@ -69,7 +86,7 @@ _RETRYABLE = frozenset(
     {Outcome.TRANSIENT, Outcome.RATE_LIMITED, Outcome.TIMEOUT, Outcome.BROKEN_STREAM}
 )
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_EMPTY = Outcome.EMPTY
+_EMPTY, _OK, _FILTERED = Outcome.EMPTY, Outcome.OK, Outcome.CONTENT_FILTERED
 #: The code of a failure that is the gateway's own, as for any other it did not expect.
 INTERNAL_ERROR = "internal_error"
 _GATEWAY_FAILED = Verdict(
@@ -111,17 +128,31 @@ class _BudgetSpent(Exception):
     pass
 
 
-async def dispatch(gen: Generation, call: Call) -> Served:
-    """Serve ``call`` from its route, then (if allowed) from its cross-tier fallbacks."""
+async def dispatch(gen: Generation, call: Call) -> Served | Hit:
+    """Serve ``call`` from its route, then (if allowed) from its cross-tier fallbacks;
+    or from a plugin's store (``prism_lookup``), without an attempt."""
     model = call.model
     assert model is not None and call.route is not None
+    lookup = gen.hooks.lookup
+    if lookup is not None:
+        found = lookup(call=call)
+        if found is not None:
+            hit = found if isinstance(found, Hit) else await found
+            if hit is not None:
+                return hit
     config = gen.config
     budget_ms = model.call_budget_ms or config.call_budget_ms
     walk = _Walk(gen, call, call.received_at + budget_ms / 1000)
+    if call.model_name != model.name and not model.pinned:
+        # An alias: the answer says what the caller asked for, as well as what served.
+        call.response_headers["x-prism-model-requested"] = call.model_name
     try:
         served = await walk.route(call.route, model)
         if served is not None:
             return served
+        if walk.context_refused is not None and call.attempts[-1] is walk.context_refused[0]:
+            # No line with a larger context was left: the refusal, as the upstream gave it.
+            raise PassThrough(*walk.context_refused)
         cross_tier = model.cross_tier_fallback
         if cross_tier is None:
             cross_tier = config.cross_tier_fallback
@@ -171,6 +202,18 @@ class _Walk:
     deadline: float
     #: Bindings skipped because they cannot express the request, with why.
     incompatible: list[tuple[str, str]] = attrs.field(factory=list)
+    #: The context-length refusal that moved the call on (``context_fallback``), and
+    #: the refusing line's ``max_context_tokens`` (0: it declared none).
+    context_refused: tuple[Attempt, UpstreamResult] | None = None
+    context_floor: int = 0
+    #: The provider family that signed the history's reasoning ("": none; None: not
+    #: looked yet, which only a line of another wire than the caller's makes us do).
+    signer: str | None = None
+
+    def _signer(self) -> str:
+        if self.signer is None:
+            self.signer = reasoning_signer(self.call)
+        return self.signer
 
     async def route(self, route: Route, model: ModelSpec) -> Served | None:
         record = self.call.record
@@ -180,10 +223,13 @@ class _Walk:
             record.extend(Skip("note", note) for note in route.notes)
         # Compatibility is settled for the whole route before its first attempt.
         ready = []
+        client_wire = wire_for(self.call.endpoint).name
         for binding in route.bindings:
             try:
                 check_line(self.call, binding)
                 provider = self.gen.providers[binding.provider]
+                if provider.wire != client_wire and self._signer():
+                    check_signed(self.signer or "", provider.wire)
                 ready.append((binding, prepare(self.call, binding, provider, self.gen.wires)))
             except Incompatible as why:
                 record.append(Skip("skipped", str(why), binding))
@@ -194,10 +240,23 @@ class _Walk:
                 record.append(Skip("skipped", f"cannot express {reason}", binding))
                 self.incompatible.append((binding.id, reason))
         for binding, prepared in ready:
+            if self.context_refused is not None and not self._larger(binding):
+                continue
             served = await self.binding(binding, model, prepared)
             if served is not None:
                 return served
         return None
+
+    def _larger(self, binding: Binding) -> bool:
+        """Whether ``binding`` may take a prompt a smaller line refused (recorded if not)."""
+        size = binding.options.get("max_context_tokens")
+        if size is not None and size > self.context_floor:
+            return True
+        floor = self.context_floor or "unknown"
+        self.call.record.append(
+            Skip("skipped", f"context_fallback: context {size or '?'} not above {floor}", binding)
+        )
+        return False
 
     async def _slot(self, binding: Binding, slots: Slots) -> bool:
         """A capacity slot on ``binding`` now, or after queueing as its ``queue_ms`` allows."""
@@ -242,7 +301,9 @@ class _Walk:
                 raise
             verdict = attempt.verdict
             assert verdict is not None
-            if served is not None and not (verdict.outcome is _EMPTY and model.empty == "fallback"):
+            outcome = verdict.outcome
+            passed = (outcome is _EMPTY or outcome is _FILTERED) and model.empty == "fallback"
+            if served is not None and not passed:
                 if slots is not None:
                     call.slot = slots  # held until the answer ends
                 return served
@@ -251,7 +312,20 @@ class _Walk:
             if served is not None:
                 served.discard()
                 return None
+            if outcome is _FILTERED:
+                # A refused prompt: nothing to serve, and the same prompt would be refused again.
+                if passed:
+                    return None
+                raise filtered_refusal(call, attempt)
             if verdict.outcome is Outcome.REQUEST_ERROR:
+                if model.context_fallback and is_context_refusal(result):
+                    self.context_refused = (attempt, result)
+                    self.context_floor = binding.options.get("max_context_tokens") or 0
+                    call.record.append(
+                        Skip("note", f"context_fallback: {binding.id} refused the prompt's size")
+                    )
+                    call.response_headers["x-prism-fallback"] = "context"
+                    return None
                 raise PassThrough(attempt, result)
             if verdict.outcome is Outcome.TIMEOUT and timeout < (attempt_timeout or float("inf")):
                 raise _BudgetSpent  # the budget, not the attempt timeout, cut this attempt
@@ -276,20 +350,32 @@ async def _attempt(
     gen: Generation, call: Call, binding: Binding, timeout: float, prepared: Prepared
 ) -> tuple[Served | None, Attempt, UpstreamResult]:
     provider = gen.providers[binding.provider]
+    # A structured output the line takes as a forced tool (translated lines only).
+    schema = answer_schema(prepared.body) if prepared.translation is not None else None
     attempt = call.new_attempt(binding, gen.clock())
     attempt.params_adjusted = list(prepared.adjusted)
+    attempt.sent_as = prepared.sent_as
     attempt_start = gen.hooks.attempt_start
     if attempt_start is not None:
         attempt_start(call=call, attempt=attempt)
     response: UpstreamResponse | None = None
     stream: UpstreamStream | None = None
     own_failure: Verdict | None = None
+    #: The finish reason by which a content filter cut the answer, if one did.
+    cut: str | None = None
     try:
         try:
             with gen.deadlines.within(timeout):
                 response = await provider.send(call, binding, prepared.endpoint, prepared.body)
                 attempt.status = response.status
-                if response.status == 200 and call.stream:
+                held: str | None = None
+                if schema is not None and response.status == 200 and call.stream:
+                    response, held = await hold(response, schema)
+                if held is not None:
+                    result = UpstreamResult(
+                        200, response.headers, streaming=True, wire=provider.wire, malformed=held
+                    )
+                elif response.status == 200 and call.stream:
                     stream = UpstreamStream(
                         response,
                         wire=prepared.provider_wire,
@@ -311,6 +397,9 @@ async def _attempt(
                     if not stream.plain_commit:
                         result.json = payload  # parsed already: classifiers need not again
                     result.malformed = stream.invalid
+                    # Only a cut before any text is seen here; a later one, at the end (relay).
+                    if stream.finish_reason in prepared.provider_wire.filtered:
+                        cut = stream.finish_reason
                 else:
                     body = await response.read()
                     result = UpstreamResult(
@@ -320,6 +409,12 @@ async def _attempt(
                         result.malformed = prepared.provider_wire.answer_problem(
                             prepared.endpoint, result.json
                         )
+                        if schema is not None and result.malformed is None:
+                            result = structured(result, schema)
+                        if result.malformed is None and prepared.provider_wire.filtered:
+                            finish = prepared.provider_wire.finish_reason(result.json)
+                            if finish in prepared.provider_wire.filtered:
+                                cut = finish
         except TimeoutError:
             result = UpstreamResult(attempt.status, timed_out=True, wire=provider.wire)
         except _CONNECTION_ERRORS as exc:
@@ -338,7 +433,7 @@ async def _attempt(
                 # learnt of the upstream (a breaker must not isolate a healthy line
                 # for it) and a retry would fail the same way.
                 own_failure = _GATEWAY_FAILED
-        verdict = await _finish(gen, call, attempt, result, own_failure)
+        verdict = await _finish(gen, call, attempt, result, own_failure, cut)
     except BaseException as exc:
         # The caller left (or an observer failed) mid-attempt: drop the upstream at once.
         if response is not None:
@@ -346,7 +441,11 @@ async def _attempt(
         if attempt.verdict is None and isinstance(exc, asyncio.CancelledError):
             await _finish(gen, call, attempt, UpstreamResult(attempt.status, error=exc))
         raise
-    if verdict.outcome in SERVING_OUTCOMES and response is not None:
+    if (
+        verdict.outcome in SERVING_OUTCOMES
+        and response is not None
+        and (verdict.outcome is not _FILTERED or result.status == 200)
+    ):
         return Served(attempt, response, result, stream, prepared), attempt, result
     if response is not None:
         if stream is None and result.error is None and not result.timed_out:
@@ -362,9 +461,11 @@ async def _finish(
     attempt: Attempt,
     result: UpstreamResult,
     own_failure: Verdict | None = None,
+    cut: str | None = None,
 ) -> Verdict:
     """Classify the attempt (``own_failure``: the gateway's, whatever a classifier
-    would say) and let observers see it."""
+    would say; ``cut``: the finish reason of an answer a content filter cut,
+    never an ordinary answer whatever a classifier would say) and let observers see it."""
     attempt.elapsed_ms = (gen.clock() - attempt.started_at) * 1000
     hooks = gen.hooks
     verdict: Verdict
@@ -394,6 +495,8 @@ async def _finish(
         )
     else:
         verdict = hooks.classify(call=call, attempt=attempt, result=result)
+        if cut is not None and (verdict.outcome is _OK or verdict.outcome is _EMPTY):
+            verdict = content_filtered(f"finish_reason {cut}")
     attempt.verdict = verdict
     if hooks.on_attempt is None:
         return verdict
@@ -432,6 +535,17 @@ def error_code(attempt: Attempt | None) -> str:
     return _CODES.get(attempt.verdict.outcome, "upstream_unavailable")
 
 
+def filtered_refusal(call: Call, attempt: Attempt) -> PrismError:
+    """The answer for a prompt a line's content filter refused, when the model returns
+    such outcomes (``empty = "return"``) rather than falling back past them."""
+    return PrismError(
+        400,
+        CONTENT_FILTERED,
+        f"the content filter of {attempt.binding.id} refused the prompt; nothing was generated",
+        extra={"request_id": call.request_id, "attempts": attempt_record(call)},
+    )
+
+
 def exhausted(call: Call, status: int = 503, code: str | None = None) -> PrismError:
     """The error for a chain with nothing left, carrying the full attempt record."""
     last = call.attempts[-1] if call.attempts else None
@@ -450,6 +564,8 @@ def exhausted(call: Call, status: int = 503, code: str | None = None) -> PrismEr
     code = code or error_code(last)
     if code == INTERNAL_ERROR:
         status = 500  # the gateway's failure: not "unavailable, come back later"
+    elif code == CONTENT_FILTERED:
+        status = 400  # every line's filter stopped it last: trying again later will not help
     if call.endpoint is Endpoint.EMBEDDINGS:
         code = f"runtime_embeddings_failed:{code}"
     error_type = ChainDeadline if status == 504 else PrismError

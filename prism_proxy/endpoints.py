@@ -16,6 +16,7 @@ from . import settlements
 from .admin import ADMIN_HEADER, admin_handler, is_admin
 from .answers import Answer, BodyAnswer, client_wire, error_response, gone, refusal, settle
 from .call import Call, Endpoint, new_id
+from .callers import authenticate, caller
 from .catalog import ModelSpec
 from .dispatch import ChainDeadline, PassThrough, dispatch, exhausted
 from .errors import ECHO_LIMIT, ConfigError, PrismError, echo
@@ -23,23 +24,38 @@ from .gateway import GATEWAY
 from .generation import Generation
 from .record import REQUEST_ID_HEADER
 from .relay import degraded, relay
+from .request_body import read_json
+from .responses_endpoints import (
+    COUNT_TOKENS_PATH,
+    count_tokens,
+    delete_response,
+    expand_previous,
+    get_response,
+    list_input_items,
+    remember,
+)
 from .selflink import INTERNAL_HEADER
 from .wire import ANTHROPIC
 from .wire.anthropic import validate_messages
 from .wire.openai import validate_chat, validate_embeddings
-from .wire.shape import check_depth
+from .wire.responses import validate_responses
 
 __all__ = ["add_routes", "add_unmatched_route"]
 
 log = logging.getLogger("prism")
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_CHAT, _MESSAGES = Endpoint.CHAT, Endpoint.MESSAGES
+_CHAT, _MESSAGES, _RESPONSES = Endpoint.CHAT, Endpoint.MESSAGES, Endpoint.RESPONSES
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+    app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/healthz", healthz)
@@ -106,76 +122,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _handle(request, _MESSAGES)
 
 
-async def _read_json(request: web.Request, limit: int, stall_s: float) -> dict[str, Any]:
-    kind = request.headers.get("Content-Type")
-    if kind is not None and not _is_json(kind):
-        raise PrismError(
-            415,
-            "unsupported_media_type",
-            "the request body must be JSON (Content-Type: application/json)",
-            param="Content-Type",
-        )
-    length = request.content_length
-    if length is not None and length > limit:
-        raise _too_large(limit)
-    raw = await _read_body(request, limit, stall_s)
-    if length is not None and len(raw) < length:
-        raise PrismError(400, "invalid_json", "the request body is shorter than its Content-Length")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise PrismError(400, "invalid_json", "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise PrismError(400, "invalid_json", "the request body must be a JSON object")
-    check_depth(body, raw)
-    return body
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    return media == "application/json" or (
-        media.startswith("application/") and media.endswith("+json")
-    )
-
-
-async def _read_body(request: web.Request, limit: int, stall_s: float) -> bytes:
-    """The whole body, counted against ``limit`` as it arrives.
-
-    What has arrived is taken without waiting (usually the whole body); a
-    body that then pauses longer than ``stall_s`` between reads is answered
-    408 rather than holding the connection open.
-    """
-    content = request.content
-    chunks = []
-    size = 0
-    while True:
-        chunk = content.read_nowait()
-        if not chunk:
-            if content.at_eof():
-                break
-            try:
-                async with asyncio.timeout(stall_s):
-                    chunk = await content.readany()
-            except TimeoutError:
-                raise PrismError(
-                    408,
-                    "request_timeout",
-                    f"the request body stalled for more than {stall_s:g} s",
-                    param="body",
-                ) from None
-            if not chunk:
-                break
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _too_large(limit: int) -> PrismError:
-    return PrismError(
-        413, "body_too_large", f"the request body exceeds the limit of {limit} bytes", param="body"
-    )
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API, translated onto each line's own (``prism_proxy.wire.responses``)."""
+    return await _handle(request, _RESPONSES)
 
 
 async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -202,6 +151,9 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.StreamRespons
             await settle(generation, call, ended)
             raise
         recorded = await settle(generation, call, answer.settlement)
+        if endpoint is _RESPONSES and recorded:
+            # Kept before the last bytes leave: a follow-up sent on them finds it.
+            await remember(generation, call, answer)
         return await answer.finish(call, recorded)
     finally:
         slot = call.slot
@@ -214,13 +166,15 @@ async def _answer(generation: Generation, call: Call) -> Answer:
     """Serve ``call``: every path returns what is left to send, with its settlement."""
     config, hooks = generation.config, generation.hooks
     try:
-        body = await _read_json(call.request, config.max_body_bytes, config.header_timeout_s)
+        body = await read_json(call.request, config.max_body_bytes, config.header_timeout_s)
         call.body = body
         endpoint = call.endpoint
         if endpoint is _CHAT:
             call.model_name, call.stream, call.include_usage = validate_chat(body)
         elif endpoint is _MESSAGES:
             call.model_name, call.stream = validate_messages(body)
+        elif endpoint is _RESPONSES:
+            call.model_name, call.stream = validate_responses(body)
         else:
             call.model_name = validate_embeddings(body)
         name = call.model_name
@@ -229,8 +183,10 @@ async def _answer(generation: Generation, call: Call) -> Answer:
             # row repeats it: a hostile 100 KB name costs what a short one does.
             call.model_name = echo(name)
         if not _internal(call, generation):
-            _authenticate(generation, call)
+            authenticate(generation, call)
             _traffic(generation, call)
+        if endpoint is _RESPONSES:
+            await expand_previous(generation, call)
         call.model = generation.catalog.resolve(call.model_name)
         if call.model is None:
             raise PrismError(
@@ -282,13 +238,6 @@ async def _admitted(pending: list[Awaitable[None]]) -> None:
     for outcome in await asyncio.gather(*pending, return_exceptions=True):
         if isinstance(outcome, BaseException):
             raise outcome
-
-
-def _authenticate(generation: Generation, call: Call) -> None:
-    authenticate = generation.hooks.authenticate
-    principal = authenticate(call=call) if authenticate is not None else None
-    if principal is not None:
-        call.principal = principal
 
 
 #: Marks a call as operator traffic (a kind a plugin registers, ``prism_traffic_kinds``):
@@ -375,28 +324,15 @@ def authenticated_call(request: web.Request) -> Call:
     ``call.endpoint`` is ``models``: such a call is never dispatched nor
     settled).  Raises ``PrismError`` (401, 403) where authentication refuses.
     """
-    call = _caller(request)
-    _authenticate(call.generation, call)
-    return call
-
-
-def _caller(request: web.Request) -> Call:
-    generation = request.app[GATEWAY].current
-    return Call(
-        request_id=new_id("req_"),
-        endpoint=Endpoint.MODELS,
-        received_at=generation.clock(),
-        request=request,
-        generation=generation,
-    )
+    return caller(request, Endpoint.MODELS)
 
 
 def _models_caller(request: web.Request) -> tuple[Generation, Call, web.Response | None]:
     """The model list is part of the API: whoever may call may list (``prism_authenticate``)."""
-    call = _caller(request)
+    call = caller(request, Endpoint.MODELS, authenticated=False)
     generation = call.generation
     try:
-        _authenticate(generation, call)
+        authenticate(generation, call)
     except PrismError as err:
         refused = error_response(err, request=request, headers=_id_header(call))
         return generation, call, refused
@@ -417,9 +353,11 @@ async def list_models(request: web.Request) -> web.Response:
     generation, call, refused = _models_caller(request)
     if refused is not None:
         return refused
+    catalog = generation.catalog
+    # Models, then aliases (each allowed as its target is); wildcards name no one model.
     names = [
         name
-        for name, model in generation.catalog.models.items()
+        for name, model in [*catalog.models.items(), *catalog.aliases.items()]
         if _allowed(generation, call, model)
     ]
     if _anthropic_client(request):

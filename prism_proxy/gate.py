@@ -12,17 +12,29 @@ and only when some line asks.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .call import Call, Endpoint
 from .catalog import LINE_CAPABILITIES, Binding
 from .wire import wire_for
 
-__all__ = ["CAPABILITIES", "Incompatible", "check_line", "prompt_tokens", "used_capabilities"]
+__all__ = [
+    "CAPABILITIES",
+    "Incompatible",
+    "check_line",
+    "check_signed",
+    "prompt_tokens",
+    "reasoning_signer",
+    "used_capabilities",
+]
 
 CAPABILITIES = LINE_CAPABILITIES
 
-_VISION_PARTS = frozenset({"image_url", "image", "document", "file"})
+_VISION_PARTS = frozenset({"image_url", "image", "document", "file", "input_image"})
+_JSON_FORMATS = ("json_object", "json_schema")
+#: Responses API input items that are a tool round trip.
+_TOOL_ITEMS = frozenset({"function_call", "function_call_output"})
 _AUDIO_PARTS = frozenset({"input_audio"})
 _TOOL_PARTS = frozenset({"tool_use", "tool_result"})
 
@@ -44,6 +56,51 @@ def check_line(call: Call, binding: Binding) -> None:
         prompt = prompt_tokens(call)
         if prompt > context:
             raise Incompatible(f"prompt ~{prompt} tokens > max_context_tokens {context}")
+
+
+#: The provider family each wire's signed reasoning comes from, and goes back to:
+#: OpenAI's encrypted reasoning items are read by OpenAI lines (chat or Responses),
+#: Anthropic's thinking signatures by Anthropic lines.  A wire a plugin brings is
+#: its own family.
+_FAMILIES = {"openai": "openai", "responses": "openai", "anthropic": "anthropic"}
+_MESSAGES_ENDPOINT, _RESPONSES_ENDPOINT = Endpoint.MESSAGES, Endpoint.RESPONSES
+
+
+def reasoning_signer(call: Call) -> str:
+    """The provider family that signed reasoning in the conversation's history ("": none).
+
+    Anthropic ``thinking`` blocks with a ``signature`` and ``redacted_thinking``
+    blocks, in assistant turns of a Messages call; Responses ``reasoning``
+    items with ``encrypted_content``.  Chat carries none.  Looked for only when
+    a line of another wire than the caller's is considered.
+    """
+    body = call.body
+    if call.endpoint is _MESSAGES_ENDPOINT:
+        for message in _messages(body):
+            if message.get("role") != "assistant":
+                continue
+            for block in _parts(message.get("content")):
+                kind = block.get("type")
+                if kind == "redacted_thinking" or (kind == "thinking" and block.get("signature")):
+                    return "anthropic"
+    elif call.endpoint is _RESPONSES_ENDPOINT:
+        items = body.get("input")
+        if isinstance(items, list):
+            for item in items:
+                if (
+                    isinstance(item, dict)
+                    and item.get("type") == "reasoning"
+                    and item.get("encrypted_content")
+                ):
+                    return "openai"
+    return ""
+
+
+def check_signed(signer: str, provider_wire: str) -> None:
+    """Raise :class:`Incompatible` when a line speaking ``provider_wire`` cannot verify it."""
+    family = _FAMILIES.get(provider_wire, provider_wire)
+    if family != signer:
+        raise Incompatible(f"signed_reasoning: the history carries reasoning signed by {signer}")
 
 
 def used_capabilities(call: Call) -> tuple[str, ...]:
@@ -68,11 +125,12 @@ def _capabilities(endpoint: Endpoint, body: Mapping[str, Any]) -> tuple[str, ...
     if body.get("tools") or body.get("functions"):
         found.add("tools")
     response_format = body.get("response_format")
-    if isinstance(response_format, dict) and response_format.get("type") in (
-        "json_object",
-        "json_schema",
-    ):
+    if isinstance(response_format, dict) and response_format.get("type") in _JSON_FORMATS:
         found.add("json_mode")
+    text = body.get("text")
+    text_format = text.get("format") if isinstance(text, dict) else None
+    if isinstance(text_format, dict) and text_format.get("type") in _JSON_FORMATS:
+        found.add("json_mode")  # the Responses API's response_format
     modalities = body.get("modalities")
     if body.get("audio") or (isinstance(modalities, list) and "audio" in modalities):
         found.add("audio")
@@ -91,10 +149,22 @@ def _capabilities(endpoint: Endpoint, body: Mapping[str, Any]) -> tuple[str, ...
 
 
 def _messages(body: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    """Chat's and Messages' ``messages``, or the Responses API's ``input`` items.
+
+    A function call or its output is read as a message with a tool part, so
+    it needs ``tools`` as a chat tool message does.
+    """
     messages = body.get("messages")
     if isinstance(messages, list):
         return [m for m in messages if isinstance(m, dict)]
+    items = body.get("input")
+    if isinstance(items, list):
+        return [_TOOL_MESSAGE if item.get("type") in _TOOL_ITEMS else item
+                for item in items if isinstance(item, dict)]  # fmt: skip
     return ()
+
+
+_TOOL_MESSAGE: Mapping[str, Any] = MappingProxyType({"role": "tool"})
 
 
 def _parts(content: Any) -> Iterable[Mapping[str, Any]]:

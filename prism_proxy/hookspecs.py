@@ -30,6 +30,7 @@ import pluggy
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from .answers import Hit
     from .call import Attempt, Call, Principal, Route, Settlement, UpstreamResult, Verdict
     from .catalog import Binding, CatalogKeys, ModelSpec
     from .commands import CheckLine, Commands
@@ -375,6 +376,27 @@ def prism_admit_call(call: Call) -> Awaitable[None] | None:
     answer).  Keep it to one round trip.  Whatever an implementation
     reserved here it settles or gives back in ``prism_settle``, which every
     call reaches, refused ones included.  Fan-out; no order.
+    """
+
+
+@hookspec(firstresult=True)
+def prism_lookup(call: Call) -> Hit | Awaitable[Hit | None] | None:
+    """Answer ``call`` from a store instead of dispatching it: return a ``Hit``, or None.
+
+    Called once per call, after ``prism_admit_call`` admitted it and before
+    its first attempt (``call.route`` is chosen; ``call.attempts`` is
+    empty).  A ``Hit`` is the answer: no upstream is called, the core sets
+    ``call.served`` to ``hit.settlement.served`` and settles the call with
+    ``hit.settlement`` (``outcome="cached"``) as any other.  None lets the
+    call be dispatched.  Where the store needs a round trip, return an
+    awaitable resolving to a ``Hit`` or None; it must not raise (a store
+    that does not answer is a miss).
+
+    A plugin that wants to store the answer the call is about to get sets
+    ``call.keep_answer`` to the most bytes it will keep: the settlement
+    handed to ``prism_settle`` then carries the answer as the caller got it
+    (``settlement.answer``).  When nobody implements this hook the core
+    skips it entirely.  First result wins.
     """
 
 

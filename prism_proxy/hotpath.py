@@ -56,6 +56,7 @@ class Hooks:
         "authenticate",
         "call_start",
         "classify",
+        "lookup",
         "on_attempt",
         "select_route",
         "settle",
@@ -67,6 +68,7 @@ class Hooks:
         self.call_start: Final = fan_out(pm, hookspecs.prism_call_start, make)
         self.select_route: Final = first_result(pm, hookspecs.prism_select_route, make)
         self.admit_call: Final = fan_out(pm, hookspecs.prism_admit_call, make)
+        self.lookup: Final = first_result(pm, hookspecs.prism_lookup, make)
         self.admit_attempt: Final = first_result(pm, hookspecs.prism_admit_attempt, make)
         self.attempt_start: Final = fan_out(pm, hookspecs.prism_attempt_start, make)
         self.classify: Final = answered(pm, hookspecs.prism_classify, make)

@@ -119,10 +119,18 @@ class Provider(abc.ABC):
     ``"anthropic"``) and ``endpoints`` what it serves natively.  The core
     translates between wire formats: a chat call can be served by an
     Anthropic provider, a messages call by an OpenAI one.
+
+    ``native_wires`` names the other wires the upstream speaks natively, by
+    the caller's endpoint (OpenAI's Responses API beside its chat wire:
+    ``{Endpoint.RESPONSES: "responses"}``).  A call on such an endpoint, in
+    that wire, is not translated: ``send`` gets it for that endpoint, in the
+    caller's wire, and the attempt record says ``native``.  An instance sets
+    it when an option decides it.
     """
 
     wire: ClassVar[str] = "openai"
     endpoints: ClassVar[frozenset[Endpoint]] = frozenset({Endpoint.CHAT, Endpoint.EMBEDDINGS})
+    native_wires: Mapping[Endpoint, str] = MappingProxyType({})
     #: ``max_tokens`` to send when a translated request has none and the API needs one.
     default_max_tokens: int = 4096
     #: The generation's parameter profiles (``prism_param_profiles``), by family

@@ -32,13 +32,16 @@ def attempt_record(call: Call) -> list[dict[str, Any]]:
                 "reason": verdict.reason if verdict else "",
             }
         )
+        if entry.sent_as is not None:
+            record[-1]["sent_as"] = entry.sent_as
     return record
 
 
 def attempt_log(call: Call) -> str:
     """Compact one-line record, in order, entries joined by ``; ``.
 
-    An attempt is ``binding outcome status ms``; a binding left out is
+    An attempt is ``binding outcome status ms``, then how the line got the call
+    when not plainly (``native responses``, ``translated to anthropic``); a binding left out is
     ``binding skipped reason`` or ``binding vetoed reason``; a note is
     ``note text``.  Reasons and notes keep their spaces (a reader splits an
     entry on its first two spaces, or its first one for a note); a ``;`` in
@@ -54,7 +57,8 @@ def attempt_log(call: Call) -> str:
             continue
         outcome = entry.verdict.outcome if entry.verdict else "pending"
         status = entry.status if entry.status is not None else "-"
-        parts.append(f"{entry.binding.id} {outcome} {status} {round(entry.elapsed_ms)}ms")
+        sent_as = f" {entry.sent_as}" if entry.sent_as is not None else ""
+        parts.append(f"{entry.binding.id} {outcome} {status} {round(entry.elapsed_ms)}ms{sent_as}")
     return _header_safe("; ".join(parts))
 
 

@@ -15,8 +15,9 @@ import attrs
 
 from . import settlements
 from .accounting import checked_usage, estimate
-from .answers import Answer, BodyAnswer, StreamAnswer, gone, json_body, stream_response
-from .call import Attempt, Call, Outcome, Usage
+from .answers import Answer, BodyAnswer, Hit, StreamAnswer, gone, json_body, stream_response
+from .call import Attempt, Call, Outcome, Settlement, Usage
+from .classification import content_filtered
 from .dispatch import Served
 from .errors import PrismError
 from .stream import StreamBroken, UpstreamStream
@@ -26,13 +27,17 @@ __all__ = ["degraded", "relay"]
 
 log = logging.getLogger("prism")
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_EMPTY = Outcome.EMPTY
+_EMPTY, _FILTERED = Outcome.EMPTY, Outcome.CONTENT_FILTERED
 
 
-async def relay(call: Call, served: Served) -> Answer:
+async def relay(call: Call, served: Served | Hit) -> Answer:
+    if isinstance(served, Hit):
+        return await _replay(call, served)
     call.served = served.attempt
     if served.attempt.outcome is _EMPTY:
         call.response_headers["x-prism-outcome"] = "empty"
+    elif served.attempt.outcome is _FILTERED:
+        call.response_headers["x-prism-outcome"] = "content_filtered"
     if served.stream is None:
         return _relay_body(call, served)
     return await _relay_stream(call, served, served.stream)
@@ -49,15 +54,41 @@ def _relay_body(call: Call, served: Served) -> Answer:
     served.attempt.finish_reason = wire.finish_reason(result.json)
     settlement = settlements.served(served.attempt, usage)
     if prepared.translated:
-        return BodyAnswer(json_body(prepared.translate_body(result.json)), settlement=settlement)
+        body = json_body(prepared.translate_body(result.json))
+        return BodyAnswer(body, settlement=_kept(call, settlement, body))
     content_type = served.response.headers.get("Content-Type", "application/json")
-    return BodyAnswer(result.body, content_type=content_type, settlement=settlement)
+    return BodyAnswer(
+        result.body, content_type=content_type, settlement=_kept(call, settlement, result.body)
+    )
+
+
+def _kept(call: Call, settlement: Settlement, answer: bytes) -> Settlement:
+    """``settlement`` with the answer as the caller gets it, when a plugin asked for it."""
+    if call.keep_answer and len(answer) <= call.keep_answer:
+        return attrs.evolve(settlement, answer=answer)
+    return settlement
+
+
+async def _replay(call: Call, hit: Hit) -> Answer:
+    """A plugin's stored answer (``prism_lookup``), sent as a served one is."""
+    call.served = hit.settlement.served
+    if not call.stream:
+        return BodyAnswer(hit.body, content_type=hit.content_type, settlement=hit.settlement)
+    response, sent = stream_response(call)
+    await response.prepare(call.request)
+    await response.write(hit.body)
+    return StreamAnswer(response, sent, hit.tail, settlement=hit.settlement)
 
 
 def _finished(served: Served, stream: UpstreamStream) -> Attempt:
     """The serving attempt, with why its stream ended (if it said)."""
-    served.attempt.finish_reason = stream.finish_reason
-    return served.attempt
+    attempt = served.attempt
+    attempt.finish_reason = stream.finish_reason
+    if stream.finish_reason in stream.wire.filtered and attempt.outcome is not _FILTERED:
+        # Cut after the commit point: too late to fall back or flag the headers,
+        # but recorded as what it was (settlement, ledger), never as a success.
+        attempt.verdict = content_filtered(f"finish_reason {stream.finish_reason} after content")
+    return attempt
 
 
 def _usage_so_far(call: Call, served: Served, stream: UpstreamStream) -> Usage:
@@ -86,6 +117,9 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
             raise ConnectionResetError("the caller closed the connection")
         broke: str | None = None
         tail = b""
+        # What a plugin asked to keep of the answer (``Call.keep_answer``); None: nothing.
+        kept: list[bytes] | None = [] if call.keep_answer else None
+        room = call.keep_answer
         try:
             while (batch := await stream.next_batch()) is not None:
                 if stream.done:
@@ -94,6 +128,11 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
                     tail = batch
                     break
                 await response.write(batch)
+                if kept is not None:
+                    kept.append(batch)
+                    room -= len(batch)
+                    if room < 0:
+                        kept = None  # longer than asked for: nothing is kept
         except StreamBroken as broken:
             broke = broken.reason
         except ConnectionResetError:
@@ -124,12 +163,16 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
         settlement = settlements.broken(
             _finished(served, stream), _usage_so_far(call, served, stream), err
         )
-        final = wire_for(call.endpoint).error_event(err)
+        # A translator that numbers its events (Responses) writes the end in sequence.
+        failed = getattr(stream.translator, "failed", None)
+        final = failed(err) if failed is not None else wire_for(call.endpoint).error_event(err)
         return StreamAnswer(response, sent, tail, final=final, settlement=settlement)
     settlement = settlements.served(_finished(served, stream), _usage_so_far(call, served, stream))
-    return StreamAnswer(
-        response, sent, tail + stream.closing(), upstream=stream, settlement=settlement
-    )
+    tail += stream.closing()
+    if kept is not None:
+        kept.append(tail)
+        settlement = _kept(call, settlement, b"".join(kept))
+    return StreamAnswer(response, sent, tail, upstream=stream, settlement=settlement)
 
 
 async def degraded(call: Call, template: str, err: PrismError) -> Answer:

@@ -1,4 +1,4 @@
-"""``prism new-plugin NAME --kind provider|policy [DIR]``: start a plugin distribution.
+"""``prism new-plugin NAME --kind provider|policy [--wire openai|custom] [DIR]``: start a plugin.
 
 The files written are shaped like the bundled plugins (``plugins/prism-*``):
 a ``pyproject.toml`` with the ``prism_proxy`` entry point, one package, a
@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 KINDS = ("policy", "provider")
+#: What a provider's upstream speaks: OpenAI's API, or an API of its own (a wire
+#: format the plugin registers, with the translation from OpenAI chat).
+WIRES = ("openai", "custom")
 
 #: Lowercase words of letters and digits joined by single dashes, starting with
 #: a letter: the name is also a package (``prism_<name>``), a class name prefix,
@@ -129,8 +132,11 @@ def _walk(folder: Traversable, relative: PurePosixPath) -> Iterator[tuple[PurePo
             yield relative / name, entry.read_text(encoding="utf-8")
 
 
-def write_plugin(name: str, kind: str, directory: Path) -> list[Path]:
+def write_plugin(name: str, kind: str, directory: Path, wire: str = "openai") -> list[Path]:
     """Write the ``kind`` plugin ``name`` into ``directory``; return the files written.
+
+    ``wire = "custom"`` (providers only) writes a provider for an API of its
+    own: its wire format, the translation from OpenAI chat, its error model.
 
     Raises :class:`ScaffoldError` before writing anything if the name or kind
     is wrong or ``directory`` exists and is not an empty directory: nothing an
@@ -139,19 +145,24 @@ def write_plugin(name: str, kind: str, directory: Path) -> list[Path]:
     names = PluginNames.from_name(name)
     if kind not in KINDS:
         raise ScaffoldError(f"unknown plugin kind {kind!r} (known: {', '.join(KINDS)})")
+    if wire not in WIRES:
+        raise ScaffoldError(f"unknown wire {wire!r} (known: {', '.join(WIRES)})")
+    if wire != "openai" and kind != "provider":
+        raise ScaffoldError("--wire is for provider plugins (--kind provider)")
     if directory.exists() and not directory.is_dir():
         raise ScaffoldError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()):
         raise ScaffoldError(f"{directory} exists and is not empty; choose another DIR")
     values = names.placeholders()
+    source = kind if wire == "openai" else f"{kind}-{wire}"
     # Everything is rendered before the first file is written, so that a
     # template mistake leaves no half-written distribution behind.
     files = [
         (
-            directory.joinpath(*render(str(path), values, where=f"{kind}/{path}").split("/")),
-            render(text, values, where=f"{kind}/{path}"),
+            directory.joinpath(*render(str(path), values, where=f"{source}/{path}").split("/")),
+            render(text, values, where=f"{source}/{path}"),
         )
-        for path, text in templates(kind)
+        for path, text in templates(source)
     ]
     written = []
     for target, text in files:
@@ -177,7 +188,7 @@ def _new_plugin(args: argparse.Namespace, config: Config) -> int:
     # importable from the current directory and would look like a clash.
     clash = None if name_problem(args.name) else _clash(PluginNames.from_name(args.name))
     try:
-        written = write_plugin(args.name, args.kind, directory)
+        written = write_plugin(args.name, args.kind, directory, args.wire)
     except ScaffoldError as exc:
         print(f"prism new-plugin: {exc}", file=sys.stderr)
         return 2
@@ -189,7 +200,8 @@ def _new_plugin(args: argparse.Namespace, config: Config) -> int:
         # Written all the same (the author may be rewriting it), but the
         # generated tests would load the installed one: say so now.
         print(f"prism new-plugin: warning: {clash}; rename to avoid a clash", file=sys.stderr)
-    print(f"wrote {names.distribution}, a {args.kind} plugin named {names.name!r}:")
+    what = f"{args.kind} plugin" if args.wire == "openai" else f"{args.kind} plugin of its own wire"
+    print(f"wrote {names.distribution}, a {what} named {names.name!r}:")
     for path in written:
         print(f"  {path}")
     where = shlex.quote(str(directory))
@@ -217,6 +229,13 @@ def add_scaffold_command(commands: Commands) -> None:
         choices=KINDS,
         required=True,
         help="provider: a provider kind for the catalog; policy: per-call hooks",
+    )
+    parser.add_argument(
+        "--wire",
+        choices=WIRES,
+        default="openai",
+        help="a provider's upstream API: openai (OpenAI-compatible, the default) or custom "
+        "(an API of its own: its wire format and the translation from OpenAI chat)",
     )
     parser.add_argument(
         "directory",

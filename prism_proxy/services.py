@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_check
 
 import attrs
 
+from .admin_services import BreakerOverrides, KeyAdmin, LimitsView, UsageReport
 from .breakerstate import BreakerView, StoreProvider
 from .capacity import Capacity
 from .errors import ConfigError
 from .principals import Principals
+from .response_store import ResponseStore, default_store
 from .spend import Pricing, SpendLedger
 from .telemetry import Telemetry
 
@@ -41,12 +43,17 @@ __all__ = [
     "BREAKER",
     "BREAKER_STORE",
     "CAPACITY",
+    "KEY_ADMIN",
+    "LIMITS",
+    "OVERRIDES",
     "PRICING",
     "PRINCIPALS",
+    "RESPONSE_STORE",
     "SERVICES",
     "SHARED_STATE",
     "SPEND",
     "TELEMETRY",
+    "USAGE",
     "Offer",
     "Service",
     "Services",
@@ -204,6 +211,45 @@ PRINCIPALS: Service[Principals] = Service(
     ("prism-keys",),
 )
 
+#: Organisations, keys and their audit trail, for the admin API.
+KEY_ADMIN: Service[KeyAdmin] = Service(
+    "key-admin",
+    KeyAdmin,  # type: ignore[type-abstract]
+    "organisations, keys and the audit trail, administered (for the admin API)",
+    ("prism-keys",),
+)
+#: Customer usage summed from the ledger, for the admin API.
+USAGE: Service[UsageReport] = Service(
+    "usage",
+    UsageReport,  # type: ignore[type-abstract]
+    "spend, tokens and calls from the ledger, grouped (for the admin API)",
+    ("prism-billing",),
+)
+
+#: Where the Responses API's conversation state is kept (``previous_response_id``).
+RESPONSE_STORE: Service[ResponseStore] = Service(
+    "response-store",
+    ResponseStore,  # type: ignore[type-abstract]
+    "where Responses API answers are kept for previous_response_id; the core's in this "
+    "process only",
+    ("prism-responses",),
+    default=default_store,
+)
+#: The breaker's operator overrides (quarantine, cap, release), for the admin API.
+OVERRIDES: Service[BreakerOverrides] = Service(
+    "overrides",
+    BreakerOverrides,  # type: ignore[type-abstract]
+    "the breaker's operator overrides: list, quarantine, cap, release (for the admin API)",
+    ("prism-breaker",),
+)
+#: What an organisation's and its keys' limits have left now, for the admin API.
+LIMITS: Service[LimitsView] = Service(
+    "limits",
+    LimitsView,  # type: ignore[type-abstract]
+    "each limit of an organisation and its keys with what is left now (for the admin API)",
+    ("prism-limits",),
+)
+
 SERVICES: Mapping[str, Service[Any]] = {
     service.name: service
     for service in (
@@ -215,6 +261,11 @@ SERVICES: Mapping[str, Service[Any]] = {
         PRICING,
         SPEND,
         PRINCIPALS,
+        KEY_ADMIN,
+        USAGE,
+        RESPONSE_STORE,
+        OVERRIDES,
+        LIMITS,
     )
 }
 

@@ -13,6 +13,7 @@ import asyncio
 from typing import Literal
 
 from .call import Attempt, Outcome, Settlement, Usage
+from .classification import CONTENT_FILTERED
 from .errors import PrismError
 
 __all__ = ["CLIENT_CLOSED", "Abandoned", "aborted", "broken", "degraded", "refused", "served"]
@@ -20,11 +21,20 @@ __all__ = ["CLIENT_CLOSED", "Abandoned", "aborted", "broken", "degraded", "refus
 #: The code of a call whose caller left before its answer was whole.
 CLIENT_CLOSED = "client_closed"
 # Enum members bound to names once (why: prism_proxy.call, above Endpoint).
-_EMPTY = Outcome.EMPTY
+_EMPTY, _FILTERED = Outcome.EMPTY, Outcome.CONTENT_FILTERED
 
 
 def served(attempt: Attempt, usage: Usage) -> Settlement:
-    """Served in full by ``attempt``; ``empty`` when its completion was (served flagged)."""
+    """Served in full by ``attempt``; ``empty`` when its completion was (served flagged),
+    ``content_filtered`` when a content filter cut it (code ``content_filtered``)."""
+    if attempt.outcome is _FILTERED:
+        return Settlement(
+            outcome="content_filtered",
+            status=200,
+            served=attempt,
+            usage=usage,
+            error_code=CONTENT_FILTERED,
+        )
     outcome: Literal["ok", "empty"] = "empty" if attempt.outcome is _EMPTY else "ok"
     return Settlement(outcome=outcome, status=200, served=attempt, usage=usage)
 
@@ -39,7 +49,10 @@ def broken(attempt: Attempt, usage: Usage, err: PrismError) -> Settlement:
 
 def refused(err: PrismError) -> Settlement:
     """Nothing served: the caller is answered ``err`` (bad input, a refusal, an
-    exhausted chain, Prism's own failure)."""
+    exhausted chain, Prism's own failure); ``content_filtered`` when a content
+    filter refused it."""
+    if err.code.endswith(CONTENT_FILTERED):
+        return Settlement(outcome="content_filtered", status=err.status, error_code=err.code)
     return Settlement(outcome="error", status=err.status, error_code=err.code)
 
 

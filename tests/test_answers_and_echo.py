@@ -18,6 +18,11 @@ API = [
     "POST /v1/chat/completions",
     "POST /v1/embeddings",
     "POST /v1/messages",
+    "POST /v1/responses",
+    "GET /v1/responses/{response_id}",
+    "DELETE /v1/responses/{response_id}",
+    "GET /v1/responses/{response_id}/input_items",
+    "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{model}",
 ]
@@ -28,7 +33,7 @@ async def test_every_answer_carries_a_request_id(prism_gateway, catalog, prism_c
     ids = []
     async with aiohttp.ClientSession() as session:
         for method, path, body in (
-            ("GET", "/v1/responses", None),  # 404
+            ("GET", "/v1/batches", None),  # 404
             ("DELETE", "/v1/models", None),  # 405
             ("GET", "/v1/models", None),
             ("GET", "/v1/models/nope", None),
@@ -46,10 +51,12 @@ async def test_every_answer_carries_a_request_id(prism_gateway, catalog, prism_c
 async def test_an_unknown_path_names_itself_and_the_endpoints_that_exist(prism_gateway, catalog):
     gw = await prism_gateway(catalog)
     with pytest.raises(openai.NotFoundError) as missing:
-        await gw.openai().responses.create(model="chat-a", input="hi")
+        await gw.openai().batches.create(
+            completion_window="24h", endpoint="/v1/chat/completions", input_file_id="file-1"
+        )
     error = missing.value.body
     assert isinstance(error, dict) and error["code"] == "not_found"
-    assert "/v1/responses" in error["message"]
+    assert "/v1/batches" in error["message"]
     assert "POST /v1/chat/completions" in error["message"]
     assert error["endpoints"] == API
     assert missing.value.response.headers["x-prism-request-id"].startswith("req_")

@@ -68,7 +68,8 @@ async def test_check_reaches_postgresql_and_redis_and_writes_nothing(
     assert line(out, "services") == (
         "services: capacity: redis, telemetry: metrics, breaker-store: redis, "
         "breaker: breaker, shared-state: redis, pricing: billing, spend: billing, "
-        "principals: keys"
+        "principals: keys, key-admin: keys, usage: billing, response-store: responses, "
+        "overrides: breaker, limits: limits"
     )
     # Read-only: no table in the database, no key in Redis.
     conn = await asyncpg.connect(prism_postgres)

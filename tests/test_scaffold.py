@@ -140,6 +140,36 @@ def test_provider_plugin_is_written_and_its_tests_pass(tmp_path):
     assert run_generated_tests(target).startswith("5 passed in ")
 
 
+def test_provider_of_its_own_wire_is_written_and_its_tests_pass(tmp_path, capsys):
+    target = tmp_path / "acme"
+    assert new_plugin("acme-wire", "--kind", "provider", "--wire", "custom", str(target)) == 0
+    assert "a provider plugin of its own wire named 'acme-wire'" in capsys.readouterr().out
+    assert files_in(target) == {
+        "pyproject.toml",
+        "README.md",
+        "prism_acme_wire/__init__.py",
+        "prism_acme_wire/py.typed",
+        "prism_acme_wire/plugin.py",
+        "prism_acme_wire/wire.py",
+        "tests/test_acme_wire.py",
+    }
+    plugin = (target / "prism_acme_wire" / "plugin.py").read_text()
+    assert "def prism_wires()" in plugin and "def prism_classify(" in plugin
+    assert 'WIRE = "acme-wire"' in (target / "prism_acme_wire" / "wire.py").read_text()
+    for path in target.rglob("*"):
+        assert not path.is_file() or "{{" not in path.read_text(), path
+    assert_lint_clean(target)
+    # Chat both ways, a stream, an Anthropic caller through chat, a retry, a refusal, the key.
+    assert run_generated_tests(target).startswith("6 passed in ")
+
+
+def test_wire_is_for_providers_only(tmp_path, capsys):
+    target = tmp_path / "x"
+    assert new_plugin("team-x", "--kind", "policy", "--wire", "custom", str(target)) == 2
+    assert "--wire is for provider plugins" in capsys.readouterr().err
+    assert not target.exists()
+
+
 def test_generated_tests_pass_once_the_plugin_is_installed(tmp_path):
     # `pip install -e DIR` adds an entry point; the generated tests must then
     # load the plugin through it instead of registering it a second time.  A

@@ -92,7 +92,10 @@ class DefaultClassify:
 
 
 def _is_error_payload(payload: Any) -> bool:
-    return isinstance(payload, dict) and "error" in payload and "choices" not in payload
+    # ``"error": null`` is no error: every Responses API answer carries it.
+    return (
+        isinstance(payload, dict) and payload.get("error") is not None and "choices" not in payload
+    )
 
 
 def _is_empty_completion(payload: Any) -> bool:

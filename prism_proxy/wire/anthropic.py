@@ -9,6 +9,7 @@ import orjson
 
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
+from .chat_parts import estimated_usage, text_chars
 from .events import ChunkKind
 from .shape import ANTHROPIC_MEMBERS, anthropic_block, bad
 
@@ -95,9 +96,7 @@ def validate_messages(body: dict[str, Any]) -> tuple[str, bool]:
                 kind = block.get("type") if isinstance(block, dict) else None
                 part = f"{where}.content[{part_index}]"
                 if not isinstance(kind, str):
-                    raise bad(
-                        "invalid_type", f"'{part}' must be a content block with a type", part
-                    )
+                    raise bad("invalid_type", f"'{part}' must be a content block with a type", part)
                 if kind not in BLOCK_TYPES:
                     raise bad(
                         "invalid_value",
@@ -386,14 +385,8 @@ def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
     for message in body.get("messages") or ():
         content = message.get("content") if isinstance(message, dict) else None
         blocks.extend([content] if isinstance(content, str) else list(content or ()))
-    for block in blocks:
-        if isinstance(block, str):
-            chars += len(block)
-        elif isinstance(block, dict) and isinstance(block.get("text"), str):
-            chars += len(block["text"])
-    return Usage(
-        input_tokens=-(-chars // 4), output_tokens=-(-delivered_chars // 4), estimated=True
-    )
+    chars += sum(len(block) for block in blocks if isinstance(block, str))
+    return estimated_usage(chars + text_chars(blocks), delivered_chars)
 
 
 def degraded_body(suffix: str, model: str, text: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import orjson
 
 from ..call import Endpoint, Usage, token_count
 from ..errors import PrismError
+from .chat_parts import estimated_usage, text_chars
 from .events import ChunkKind
 from .shape import CHAT_MEMBERS, bad, member, openai_message, openai_part
 
@@ -434,18 +435,6 @@ def usage_from(payload: Any) -> Usage | None:
     )
 
 
-def tool_use_to_call(block: dict[str, Any]) -> dict[str, Any]:
-    """An Anthropic ``tool_use`` block as an OpenAI ``tool_calls`` entry."""
-    return {
-        "id": block.get("id"),
-        "type": "function",
-        "function": {
-            "name": block.get("name"),
-            "arguments": orjson.dumps(block.get("input") or {}).decode(),
-        },
-    }
-
-
 def error_payload(err: PrismError) -> dict[str, Any]:
     error: dict[str, Any] = {
         "message": err.message,
@@ -480,14 +469,8 @@ def estimate_usage(body: dict[str, Any], delivered_chars: int) -> Usage:
         if isinstance(content, str):
             prompt_chars += len(content)
         elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    prompt_chars += len(part["text"])
-    return Usage(
-        input_tokens=-(-prompt_chars // 4),
-        output_tokens=-(-delivered_chars // 4),
-        estimated=True,
-    )
+            prompt_chars += text_chars(content)
+    return estimated_usage(prompt_chars, delivered_chars)
 
 
 def completion_body(completion_id: str, model: str, text: str, created: int) -> dict[str, Any]:

@@ -13,35 +13,43 @@ defines (``wire.shape``), so a translator never meets one it cannot handle.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-import orjson
+import jsonschema
 
-from .openai import tool_use_to_call
-from .shape import MAX_DEPTH, deeper_than
+from .chat_parts import (
+    OPENAI_ONLY_PARAMS,
+    Untranslatable,
+    chat_tool_call,
+    chat_turns,
+    check_chat_params,
+    data_url,
+    system_text,
+    tool_arguments,
+)
 
-__all__ = ["Untranslatable", "anthropic_to_openai", "openai_to_anthropic"]
+__all__ = ["ANSWER_TOOL", "Untranslatable", "anthropic_to_openai", "openai_to_anthropic"]
 
-
-class Untranslatable(Exception):
-    """The request uses a feature the target API cannot express."""
-
+#: The tool a structured output (``response_format``) becomes on an Anthropic
+#: line: forced, its input is the answer (``translate_response`` turns it back
+#: into the message's text).
+ANSWER_TOOL = "json_answer"
+_ANSWER_DESCRIPTION = (
+    "Give your whole answer by calling this tool: its input is the answer, "
+    "a JSON object that matches the schema."
+)
+_STRUCTURED = ("json_object", "json_schema")
 
 # OpenAI parameters with no Anthropic equivalent that change the answer.
 _OPENAI_ONLY = {
-    "logprobs": "logprobs",
-    "top_logprobs": "logprobs",
-    "logit_bias": "logit_bias",
-    "audio": "audio output",
-    "prediction": "predicted outputs",
+    **OPENAI_ONLY_PARAMS,
     "seed": "seed",
-    "functions": "legacy functions",
-    "function_call": "legacy function_call",
-    "web_search_options": "web search",
-    "reasoning_effort": "reasoning_effort",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
 }
-# OpenAI parameters the translation carries over (or checks and refuses above).
-_OPENAI_HANDLED = frozenset(
+# OpenAI parameters the translation carries over (or checks and refuses below).
+_OPENAI_CARRIED = frozenset(
     {
         "model",
         "messages",
@@ -55,14 +63,9 @@ _OPENAI_HANDLED = frozenset(
         "tools",
         "tool_choice",
         "parallel_tool_calls",
-        "n",
-        "presence_penalty",
-        "frequency_penalty",
         "response_format",
-        "modalities",
         # Usage always comes with an Anthropic stream: include_usage is honoured.
         "stream_options",
-        *_OPENAI_ONLY,
     }
 )
 # Anthropic parameters the translation carries over (or refuses).
@@ -93,13 +96,10 @@ def _unhandled(body: dict[str, Any], handled: frozenset[str]) -> list[str]:
 
 
 def _image_source(url: str) -> dict[str, Any]:
-    if url.startswith("data:"):
-        header, _, data = url.partition(",")
-        media_type = header[5:].split(";")[0] or "image/png"
-        if ";base64" not in header:
-            raise Untranslatable("a non-base64 data URL image")
-        return {"type": "base64", "media_type": media_type, "data": data}
-    return {"type": "url", "url": url}
+    image = data_url(url)
+    if image is None:
+        return {"type": "url", "url": url}
+    return {"type": "base64", "media_type": image.media_type or "image/png", "data": image.data}
 
 
 def _openai_parts_to_blocks(content: Any) -> list[dict[str, Any]]:
@@ -120,96 +120,48 @@ def _openai_parts_to_blocks(content: Any) -> list[dict[str, Any]]:
     return blocks
 
 
-def _system_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in content or ():
-        if part["type"] != "text":
-            raise Untranslatable(f"system content part type {part['type']!r}")
-        texts.append(part["text"])
-    return "\n".join(texts)
+def _assistant_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    blocks = _openai_parts_to_blocks(message.get("content"))
+    for call in message.get("tool_calls") or ():
+        arguments = tool_arguments(call)
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "input": arguments,
+            }
+        )
+    return blocks
 
 
-def _tool_input(call: dict[str, Any]) -> Any:
-    """A tool call's arguments (a JSON text) as the object Anthropic's ``input`` is."""
-    if call.get("type") not in (None, "function"):
-        raise Untranslatable(f"tool call type {call['type']!r}")
-    try:
-        arguments = orjson.loads(call["function"]["arguments"] or "{}")
-    except orjson.JSONDecodeError:
-        raise Untranslatable("tool call arguments that are not JSON") from None
-    if not isinstance(arguments, dict):
-        raise Untranslatable("tool call arguments that are not a JSON object")
-    # The text was never counted in the body's depth: parsed, it nests in it.
-    if deeper_than(arguments, MAX_DEPTH):
-        raise Untranslatable(f"tool call arguments nested more than {MAX_DEPTH} levels deep")
-    return arguments
-
-
-def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    """Anthropic wants alternating turns: consecutive same-role messages merge."""
-    if messages and messages[-1]["role"] == role:
-        messages[-1]["content"].extend(blocks)
-    else:
-        messages.append({"role": role, "content": blocks})
+def _tool_result_blocks(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
+    result["content"] = content if isinstance(content, str) else _openai_parts_to_blocks(content)
+    return [result]
 
 
 def openai_to_anthropic(
     body: dict[str, Any], default_max_tokens: int
 ) -> tuple[dict[str, Any], list[str]]:
     adjusted: list[str] = []
-    for key, feature in _OPENAI_ONLY.items():
-        if body.get(key) not in (None, False):
-            raise Untranslatable(feature)
-    if (body.get("n") or 1) > 1:
-        raise Untranslatable("n > 1")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if body.get(key):
-            raise Untranslatable(key)
+    dropped = check_chat_params(body, unsupported=_OPENAI_ONLY, carried=_OPENAI_CARRIED)
     response_format = body.get("response_format")
-    if response_format and response_format.get("type") != "text":
-        raise Untranslatable(f"response_format {response_format.get('type')}")
-    if "audio" in (body.get("modalities") or ()):
-        raise Untranslatable("audio output")
+    format_kind = response_format.get("type") if response_format else None
+    if format_kind not in (None, "text", *_STRUCTURED):
+        raise Untranslatable(f"response_format {format_kind}")
 
-    system: list[str] = []
-    messages: list[dict[str, Any]] = []
-    for message in body["messages"]:
-        role = message.get("role")
-        content = message.get("content")
-        if role in ("system", "developer"):
-            system.append(_system_text(content))
-        elif role == "user":
-            _append(messages, "user", _openai_parts_to_blocks(content))
-        elif role == "assistant":
-            blocks = _openai_parts_to_blocks(content)
-            for call in message.get("tool_calls") or ():
-                arguments = _tool_input(call)
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": call["id"],
-                        "name": call["function"]["name"],
-                        "input": arguments,
-                    }
-                )
-            _append(messages, "assistant", blocks)
-        elif role == "tool":
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": message.get("tool_call_id"),
-            }
-            result["content"] = (
-                content if isinstance(content, str) else _openai_parts_to_blocks(content)
-            )
-            _append(messages, "user", [result])
-        else:
-            raise Untranslatable(f"message role {role!r}")
-
+    system = system_text(body)
+    messages = chat_turns(
+        body,
+        user=lambda message: _openai_parts_to_blocks(message.get("content")),
+        assistant=_assistant_blocks,
+        tool=_tool_result_blocks,
+    )
     out: dict[str, Any] = {"model": body["model"], "messages": messages}
-    if system:
-        out["system"] = "\n\n".join(system)
+    if system is not None:
+        out["system"] = system
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is None:
         adjusted.append(f"max_tokens defaulted to {default_max_tokens}")
@@ -246,8 +198,60 @@ def openai_to_anthropic(
     choice = _anthropic_tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         out["tool_choice"] = choice
-    adjusted.extend(_unhandled(body, _OPENAI_HANDLED))
+    if format_kind in _STRUCTURED:
+        assert response_format is not None
+        _answer_tool(out, body, response_format, adjusted)
+    adjusted.extend(dropped)
     return out, adjusted
+
+
+def _answer_schema(response_format: dict[str, Any]) -> dict[str, Any]:
+    """The schema a structured output must match (json_object: any object)."""
+    if response_format["type"] == "json_object":
+        return {"type": "object"}
+    spec = response_format.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise Untranslatable("response_format json_schema without a schema object")
+    # A tool's input is an object: OpenAI asks the same of a structured output's root.
+    if schema.get("type") != "object":
+        raise Untranslatable("response_format json_schema whose root is not an object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        raise Untranslatable("response_format json_schema that is no JSON Schema") from None
+    return schema
+
+
+def _answer_tool(
+    out: dict[str, Any], body: dict[str, Any], response_format: dict[str, Any], adjusted: list[str]
+) -> None:
+    """``response_format`` as Anthropic can express it: a forced tool whose input is the answer.
+
+    With tools of the caller's that the model may call (``tool_choice``
+    auto), it must call one of them or give the answer (``any``); a
+    ``tool_choice`` that forces a call leaves no answer in this turn to shape.
+    """
+    caller_tools = out.get("tools") or []
+    if any(tool.get("name") == ANSWER_TOOL for tool in caller_tools):
+        raise Untranslatable(f"a tool named {ANSWER_TOOL} alongside response_format")
+    schema = _answer_schema(response_format)
+    choice = body.get("tool_choice")
+    if caller_tools and choice not in (None, "auto", "none"):
+        return
+    tool: dict[str, Any] = {
+        "name": ANSWER_TOOL,
+        "description": _ANSWER_DESCRIPTION,
+        "input_schema": schema,
+    }
+    out["tools"] = [*caller_tools, tool]
+    if caller_tools and choice != "none":
+        out["tool_choice"] = {"type": "any"}
+        if body.get("parallel_tool_calls") is False:
+            out["tool_choice"]["disable_parallel_tool_use"] = True
+    else:
+        out["tool_choice"] = {"type": "tool", "name": ANSWER_TOOL}
+    adjusted.append(f"response_format {response_format['type']} as a forced tool")
 
 
 def _anthropic_tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
@@ -339,7 +343,9 @@ def anthropic_to_openai(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]
                 if kind == "text":
                     texts.append(block.get("text", ""))
                 elif kind == "tool_use":
-                    calls.append(tool_use_to_call(block))
+                    calls.append(
+                        chat_tool_call(block.get("id"), block.get("name"), block.get("input") or {})
+                    )
                 else:
                     raise Untranslatable(f"assistant content block type {kind!r}")
             out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}

@@ -6,22 +6,28 @@ stateful translator, so a translated stream is still relayed as it arrives.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+import jsonschema
 import orjson
 
 from ..call import Usage
+from ..sse import SSEBuffer, event_data
 from .anthropic import sse
+from .chat_parts import ChatChunks, chat_completion, chat_tool_call
 from .events import ChunkKind
-from .openai import tool_use_to_call
+from .translate_request import ANSWER_TOOL
 
 __all__ = [
     "AnthropicToOpenAIStream",
     "OpenAIToAnthropicStream",
     "StreamTranslator",
     "anthropic_to_openai_body",
+    "answer_schema",
     "openai_to_anthropic_body",
+    "structured_events",
+    "structured_message",
 ]
 
 _TO_ANTHROPIC_STOP = {
@@ -58,15 +64,6 @@ def _anthropic_usage(usage: Usage | None) -> dict[str, int]:
         "output_tokens": usage.output_tokens,
         "cache_creation_input_tokens": usage.cache_creation_tokens,
         "cache_read_input_tokens": usage.cached_input_tokens,
-    }
-
-
-def _openai_usage(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.input_tokens,
-        "completion_tokens": usage.output_tokens,
-        "total_tokens": usage.input_tokens + usage.output_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
     }
 
 
@@ -114,24 +111,17 @@ def anthropic_to_openai_body(payload: dict[str, Any], usage: Usage | None) -> di
         if block.get("type") == "text":
             texts.append(block.get("text", ""))
         elif block.get("type") == "tool_use":
-            calls.append(tool_use_to_call(block))
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-    if calls:
-        message["tool_calls"] = calls
-    return {
-        "id": "chatcmpl-" + str(payload.get("id", "")).removeprefix("msg_"),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": payload.get("model"),
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": _TO_OPENAI_FINISH.get(payload.get("stop_reason") or "", "stop"),
-            }
-        ],
-        "usage": _openai_usage(usage or Usage()),
-    }
+            calls.append(
+                chat_tool_call(block.get("id"), block.get("name"), block.get("input") or {})
+            )
+    return chat_completion(
+        completion_id="chatcmpl-" + str(payload.get("id", "")).removeprefix("msg_"),
+        model=payload.get("model"),
+        texts=texts,
+        tool_calls=calls,
+        finish_reason=_TO_OPENAI_FINISH.get(payload.get("stop_reason") or "", "stop"),
+        usage=usage,
+    )
 
 
 class OpenAIToAnthropicStream:
@@ -245,20 +235,8 @@ class AnthropicToOpenAIStream:
 
     def __init__(self, *, include_usage: bool) -> None:
         self.include_usage = include_usage
-        self.head: dict[str, Any] = {
-            "id": "chatcmpl-prism",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": None,
-        }
+        self.chunks = ChatChunks("chatcmpl-prism")
         self.tools: dict[int, int] = {}
-
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk = {
-            **self.head,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-        }
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def convert(self, kind: ChunkKind, payload: Any) -> list[bytes]:
         if not isinstance(payload, dict):
@@ -266,16 +244,17 @@ class AnthropicToOpenAIStream:
         kind_name = payload.get("type")
         if kind_name == "message_start":
             message = payload.get("message") or {}
-            self.head["id"] = "chatcmpl-" + str(message.get("id", "")).removeprefix("msg_")
-            self.head["model"] = message.get("model")
-            return [self._chunk({"role": "assistant", "content": ""})]
+            message_id = str(message.get("id", ""))
+            self.chunks.completion_id = "chatcmpl-" + message_id.removeprefix("msg_")
+            self.chunks.model = message.get("model")
+            return [self.chunks.delta({"role": "assistant", "content": ""})]
         if kind_name == "content_block_start":
             block = payload.get("content_block") or {}
             if block.get("type") == "tool_use":
                 position = len(self.tools)
                 self.tools[payload.get("index", 0)] = position
                 return [
-                    self._chunk(
+                    self.chunks.delta(
                         {
                             "tool_calls": [
                                 {
@@ -289,16 +268,16 @@ class AnthropicToOpenAIStream:
                     )
                 ]
             if block.get("type") == "text" and block.get("text"):
-                return [self._chunk({"content": block["text"]})]
+                return [self.chunks.delta({"content": block["text"]})]
             return []
         if kind_name == "content_block_delta":
             delta = payload.get("delta") or {}
             if delta.get("type") == "text_delta" and delta.get("text"):
-                return [self._chunk({"content": delta["text"]})]
+                return [self.chunks.delta({"content": delta["text"]})]
             if delta.get("type") == "input_json_delta" and delta.get("partial_json"):
                 position = self.tools.get(payload.get("index", 0), 0)
                 return [
-                    self._chunk(
+                    self.chunks.delta(
                         {
                             "tool_calls": [
                                 {
@@ -312,11 +291,146 @@ class AnthropicToOpenAIStream:
             return []
         if kind_name == "message_delta":
             reason = (payload.get("delta") or {}).get("stop_reason")
-            return [self._chunk({}, _TO_OPENAI_FINISH.get(reason or "", "stop"))]
+            return [self.chunks.delta({}, _TO_OPENAI_FINISH.get(reason or "", "stop"))]
         return []
 
     def finish(self, usage: Usage | None) -> list[bytes]:
         if not self.include_usage or usage is None:
             return []
-        chunk = {**self.head, "choices": [], "usage": _openai_usage(usage)}
-        return [b"data: " + orjson.dumps(chunk) + b"\n\n"]
+        return [self.chunks.usage(usage)]
+
+
+# -- structured outputs on an Anthropic line ------------------------------------------
+# ``response_format`` went upstream as the forced tool ANSWER_TOOL: its input
+# is the answer.  The Anthropic answer is rewritten, before any translator
+# sees it, into the message a line with structured outputs would have given
+# (one text block: the JSON), and checked against the schema: an answer that
+# is not JSON or does not match is a failed attempt, never served.
+
+
+def answer_schema(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The schema of the answer tool in a translated Messages body, or None without one."""
+    for tool in body.get("tools") or ():
+        if tool.get("name") == ANSWER_TOOL:
+            schema: dict[str, Any] = tool["input_schema"]
+            return schema
+    return None
+
+
+def _mismatch(answer: Any, schema: dict[str, Any]) -> str | None:
+    """Why ``answer`` does not match ``schema`` (a JSON path, never a value), or None."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(answer))
+    if error is None:
+        return None
+    return f"structured answer does not match its schema at {error.json_path[:80]}"
+
+
+def _answer_json(text: str) -> tuple[Any, str | None]:
+    try:
+        return orjson.loads(text or "{}"), None
+    except orjson.JSONDecodeError:
+        return None, "structured answer is not JSON"
+
+
+_NO_ANSWER = "the answer has no structured output"
+
+
+def structured_message(
+    payload: dict[str, Any], schema: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """A whole Messages answer with the answer tool's input as its text; or why it cannot be."""
+    content = payload.get("content") or []
+    answer = next(
+        (b for b in content if b.get("type") == "tool_use" and b.get("name") == ANSWER_TOOL), None
+    )
+    if answer is None:
+        if any(block.get("type") == "tool_use" for block in content):
+            return payload, None  # a call of the caller's own tools: passed on as it is
+        return payload, _NO_ANSWER
+    problem = _mismatch(answer.get("input"), schema)
+    if problem is not None:
+        return payload, problem
+    text = orjson.dumps(answer.get("input")).decode()
+    # Only the answer (and any reasoning) stays: the text is the JSON, nothing else.
+    blocks = [b for b in content if b.get("type") in ("thinking", "redacted_thinking")]
+    blocks.append({"type": "text", "text": text})
+    stop = payload.get("stop_reason")
+    return {
+        **payload,
+        "content": blocks,
+        "stop_reason": "end_turn" if stop == "tool_use" else stop,
+    }, None
+
+
+def structured_events(raw: bytes, schema: dict[str, Any]) -> tuple[bytes, str | None]:
+    """A whole Messages stream with the answer tool's input as text deltas; or why it cannot be.
+
+    The stream must be complete (``message_stop``, no error event): a
+    structured answer is served only once it is known to match.
+    """
+    buffer = SSEBuffer()
+    buffer.feed(raw)
+    events: list[dict[str, Any]] = []
+    while (event := buffer.next_event()) is not None:
+        data = event_data(event)
+        if data is None:
+            continue
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return raw, "upstream sent an event that is not JSON"
+        if not isinstance(payload, dict):
+            return raw, "upstream sent an event that is not an object"
+        events.append(payload)
+    kinds = [payload.get("type") for payload in events]
+    if "error" in kinds or "message_stop" not in kinds:
+        return raw, "the stream ended before its structured answer was complete"
+    answer_index: int | None = None
+    other_tool = False
+    for payload in events:
+        start = payload.get("type") == "content_block_start"
+        block = payload.get("content_block") if start else None
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            if block.get("name") == ANSWER_TOOL:
+                answer_index = payload.get("index")
+            else:
+                other_tool = True
+    if answer_index is None:
+        return raw, None if other_tool else _NO_ANSWER
+    pieces: list[str] = []
+    out: list[bytes] = []
+    dropped: set[Any] = set()  # text beside the answer: the content is the JSON alone
+    for payload in events:
+        kind = payload.get("type")
+        index = payload.get("index")
+        if kind in ("content_block_start", "content_block_delta", "content_block_stop"):
+            if index in dropped:
+                continue
+            if index != answer_index:
+                block = payload.get("content_block") or {}
+                if kind == "content_block_start" and block.get("type") == "text":
+                    dropped.add(index)
+                    continue
+            elif kind == "content_block_start":
+                payload = {**payload, "content_block": {"type": "text", "text": ""}}
+            elif kind == "content_block_delta":
+                text = (payload.get("delta") or {}).get("partial_json") or ""
+                if not text:
+                    continue
+                pieces.append(text)
+                payload = {**payload, "delta": {"type": "text_delta", "text": text}}
+            elif not pieces:
+                # An empty input streams no delta: the answer is still an object.
+                pieces.append("{}")
+                delta = {"type": "text_delta", "text": "{}"}
+                out.append(sse({"type": "content_block_delta", "index": index, "delta": delta}))
+        elif kind == "message_delta":
+            delta = payload.get("delta") or {}
+            if delta.get("stop_reason") == "tool_use":
+                payload = {**payload, "delta": {**delta, "stop_reason": "end_turn"}}
+        out.append(sse(payload))
+    answer, problem = _answer_json("".join(pieces))
+    if problem is None:
+        problem = _mismatch(answer, schema)
+    return (raw, problem) if problem is not None else (b"".join(out), None)
