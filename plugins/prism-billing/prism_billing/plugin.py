@@ -16,6 +16,7 @@ from aiohttp import web
 from prism_proxy import (
     PRICING,
     SPEND,
+    USAGE,
     CatalogKeys,
     CheckLine,
     Commands,
@@ -39,6 +40,7 @@ from .settings import PLUGIN_NAME, BillingSettings
 from .spend import BillingPricing, LedgerSpend
 from .spool import Spool
 from .usage_api import USAGE_PATH, usage_handler
+from .usage_query import LedgerUsage
 
 
 @hookimpl
@@ -127,7 +129,12 @@ def prism_services(generation: Generation) -> list[Offer[Any]] | None:
         assert kept is not None  # billing is on: there is a ledger
         return LedgerSpend(kept.writer)
 
-    return [provide(PRICING, pricing), provide(SPEND, spend)]
+    def usage() -> LedgerUsage:
+        kept = _ledger(generation, settings)
+        assert kept is not None  # billing is on: there is a ledger
+        return LedgerUsage(settings.currency, kept.writer)
+
+    return [provide(PRICING, pricing), provide(SPEND, spend), provide(USAGE, usage)]
 
 
 @hookimpl

@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 import attrs
+import cachetools
 
 from prism_proxy import Binding, Catalog, ConfigError, Usage
 
@@ -38,6 +39,8 @@ NANOS = 10**9
 MAX_PRICE = 1_000_000
 #: Token counts above this are taken as an upstream reporting error and clamped.
 MAX_TOKENS = 10**9
+#: The most prices of lines outside the catalog's chains a price book keeps.
+EXTRA_LINES = 4096
 
 PRICE_FIELDS = ("input", "output", "cached_input", "cache_write", "request")
 _REQUIRED = ("input", "output")
@@ -181,8 +184,11 @@ class PriceBook:
 
     by_line: Mapping[Binding, Price | None]
     #: Lines met at call time that are not catalog chain lines (a routing
-    #: plugin's own lines), parsed once.
-    _extra: dict[Binding, Price | None] = attrs.field(factory=dict, init=False)
+    #: plugin's own lines, a wildcard model's line per name), parsed once and
+    #: kept while recently used: callers choose wildcard names, so they are unbounded.
+    _extra: cachetools.LRUCache[Binding, Price | None] = attrs.field(
+        factory=lambda: cachetools.LRUCache(EXTRA_LINES), init=False
+    )
 
     @classmethod
     def from_catalog(cls, catalog: Catalog, *, require: bool) -> PriceBook:
@@ -212,9 +218,11 @@ class PriceBook:
     def price_of(self, binding: Binding) -> Price | None:
         if binding in self.by_line:
             return self.by_line[binding]
-        if binding not in self._extra:
-            self._extra[binding] = _late_price(binding)
-        return self._extra[binding]
+        try:
+            return self._extra[binding]
+        except KeyError:
+            price = self._extra[binding] = _late_price(binding)
+            return price
 
 
 def _late_price(binding: Binding) -> Price | None:

@@ -12,6 +12,7 @@ from prism_proxy import (
     BREAKER,
     BREAKER_ROLE,
     BREAKER_STORE,
+    OVERRIDES,
     STORE_ROLE,
     BreakerStore,
     CatalogKeys,
@@ -24,6 +25,7 @@ from prism_proxy import (
     provide,
 )
 
+from .admin_overrides import AdminOverrides
 from .cli import add_commands
 from .endpoints import add_routes
 from .hooks import BreakerHooks, breaker_of
@@ -34,7 +36,11 @@ from .sqlite_store import SqliteStore
 
 @hookimpl
 def prism_services(generation: Generation) -> list[Offer[Any]]:
-    return [provide(BREAKER, lambda: _build(generation))]
+    return [
+        provide(BREAKER, lambda: _build(generation)),
+        # The admin API's door to overrides: it finds this generation's breaker when asked.
+        provide(OVERRIDES, lambda: AdminOverrides(generation)),
+    ]
 
 
 @hookimpl

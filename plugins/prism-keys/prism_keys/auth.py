@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -51,6 +52,8 @@ INVALID_MESSAGE = (
     "or 'x-api-key: <key>'"
 )
 SCOPE_CODE = "insufficient_scope"
+EXPIRED_CODE = "key_expired"
+DISABLED_CODE = "org_disabled"
 
 log = logging.getLogger("prism.keys")
 
@@ -143,8 +146,11 @@ class KeysAuth:
         counters: collections.Counter[str],
         declarations: Mapping[str, OrgSetting] | None = None,
         telemetry: Telemetry | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.ring = ring
+        #: Wall time (Unix seconds) expiry and rotation grace are measured on.
+        self.wall = wall
         self.counters = counters
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         #: Parses stored settings with this generation's declarations.
@@ -161,9 +167,11 @@ class KeysAuth:
 
     def key(self, key_id: str) -> Principal | None:
         """The principal the active key ``key_id`` stands for in the loaded snapshot, or
-        None (unknown or revoked)."""
+        None (unknown, revoked, or its organisation disabled)."""
         active = self._current().keys.get(key_id)
-        return None if active is None else self.principal_of(active)
+        if active is None or active.org_disabled:
+            return None
+        return self.principal_of(active)
 
     def organisation(self, org: str) -> Principal | None:
         """``org`` with its tags and parsed settings in the loaded snapshot, or None when
@@ -215,11 +223,30 @@ class KeysAuth:
 
     @hookimpl
     def prism_authenticate(self, call: Call) -> Principal:
-        active = self.ring.verify(presented_key(call.request.headers))
+        now = self.wall()
+        active = self.ring.verify(presented_key(call.request.headers), now)
         if active is None:
             self.counters["keys_rejected"] += 1
             self.telemetry.count("prism_keys_rejected_total", reason=INVALID_CODE)
             raise PrismError(401, INVALID_CODE, INVALID_MESSAGE)
+        if active.org_disabled:
+            # Said only to whoever holds the key's text: the hash matched.
+            self.counters["keys_rejected"] += 1
+            self.telemetry.count("prism_keys_rejected_total", reason=DISABLED_CODE)
+            raise PrismError(
+                403,
+                DISABLED_CODE,
+                f"this API key's organisation {active.principal.org!r} is disabled; "
+                "ask the gateway's operator",
+            )
+        if active.expired(now):
+            # Said only to whoever holds the key's text: the hash matched.
+            self.counters["keys_rejected"] += 1
+            self.telemetry.count("prism_keys_rejected_total", reason=EXPIRED_CODE)
+            raise PrismError(
+                401, EXPIRED_CODE, "this API key has expired; ask its organisation for a new one"
+            )
+        self.ring.touch(active.principal.key_id or "", now)
         endpoint = str(call.endpoint)
         # The model list is part of the API: any valid key may read it.
         if call.endpoint is not Endpoint.MODELS and not active.grants.allows_endpoint(endpoint):

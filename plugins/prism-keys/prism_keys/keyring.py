@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import types
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -32,7 +33,7 @@ from prism_proxy import Principal, background
 from .pg_store import PgKeyStore
 from .scopes import Grants
 from .store import KeyStore, Loaded, LoadedKey
-from .tokens import hash_matches, key_id_of
+from .tokens import _NO_MATCH, hash_key, key_id_of
 
 __all__ = ["NO_SETTINGS", "ActiveKey", "KeyRing", "Snapshot"]
 
@@ -49,6 +50,16 @@ class ActiveKey:
     hash: str = attrs.field(repr=False)
     principal: Principal
     grants: Grants
+    #: When it stops working (Unix seconds), if ever.
+    expires_at: float | None = None
+    #: Its text before a rotation, accepted until ``previous_until``.
+    previous_hash: str | None = attrs.field(default=None, repr=False)
+    previous_until: float | None = None
+    #: Its organisation is disabled: refused with ``org_disabled`` until re-enabled.
+    org_disabled: bool = False
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
 
     @classmethod
     def from_loaded(cls, row: LoadedKey) -> ActiveKey:
@@ -60,7 +71,15 @@ class ActiveKey:
             settings=NO_SETTINGS,
             key_settings=NO_SETTINGS,
         )
-        return cls(hash=row.hash, principal=principal, grants=Grants.from_scopes(row.scopes))
+        return cls(
+            hash=row.hash,
+            principal=principal,
+            grants=Grants.from_scopes(row.scopes),
+            expires_at=row.expires_at,
+            previous_hash=row.previous_hash,
+            previous_until=row.previous_until,
+            org_disabled=row.org_disabled,
+        )
 
 
 @attrs.frozen
@@ -92,6 +111,12 @@ class KeyRing:
     _wake: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     #: Whether the last attempt to LISTEN failed (logged once until it works again).
     _listen_failed: bool = attrs.field(default=False, init=False)
+    #: Writes a batch of last-use times (key id → Unix seconds); None: not recorded.
+    last_used_writer: Callable[[dict[str, float]], Awaitable[None]] | None = None
+    #: Seconds between writes of last-use times.
+    flush_s: float = 10.0
+    #: Last-use times noted since the last flush, by key id.
+    used: dict[str, float] = attrs.field(factory=dict, init=False)
 
     @property
     def source(self) -> str:
@@ -115,15 +140,57 @@ class KeyRing:
             return await self.store.load_active()
         return await asyncio.to_thread(self.store.load_active)
 
-    def verify(self, presented: str | None) -> ActiveKey | None:
-        """The active key ``presented`` is, or None (missing, malformed, unknown, revoked)."""
+    def verify(self, presented: str | None, now: float | None = None) -> ActiveKey | None:
+        """The active key ``presented`` is, or None (missing, malformed, unknown, revoked).
+
+        With ``now`` (wall time), a rotated key's previous text is accepted
+        until its grace period ends.  An expired key, and a key of a disabled
+        organisation, are returned: the caller says ``key_expired`` or
+        ``org_disabled`` (only to someone who holds the key's text).
+        """
         if not presented:
             return None
         key_id = key_id_of(presented)
         found = self.snapshot.keys.get(key_id) if key_id is not None else None
         # Hash and compare even for an unknown id, so timing does not tell which it was.
-        matches = hash_matches(presented, found.hash if found is not None else None)
-        return found if matches and found is not None else None
+        digest = hash_key(presented)
+        matches = hmac.compare_digest(digest, found.hash if found is not None else _NO_MATCH)
+        if found is None:
+            return None
+        if matches:
+            return found
+        if (
+            now is not None
+            and found.previous_hash is not None
+            and found.previous_until is not None
+            and now < found.previous_until
+            and hmac.compare_digest(digest, found.previous_hash)
+        ):
+            return found
+        return None
+
+    def touch(self, key_id: str, now: float) -> None:
+        """Note that ``key_id`` was used at ``now``; written with the next flush."""
+        self.used[key_id] = now
+
+    async def flush_used(self) -> None:
+        """Write the last-use times noted since the last flush, in one transaction.
+
+        A failure is logged and the times are kept for the next flush.
+        """
+        if not self.used or self.last_used_writer is None:
+            return
+        batch, self.used = self.used, {}
+        try:
+            await self.last_used_writer(batch)
+        except Exception as exc:
+            for key_id, at in batch.items():
+                self.used.setdefault(key_id, at)
+            log.warning(
+                "keys: cannot record when keys were last used in %s (%s); will retry",
+                self.source,
+                type(exc).__name__,
+            )
 
     async def refresh(self) -> bool:
         """Reload when the database's revision moved; True when the snapshot changed.
@@ -203,10 +270,14 @@ class KeyRing:
                 )
             self._refreshed = asyncio.Event()
             try:
-                async with background(self._poll, "prism-keys-refresh"):
+                async with (
+                    background(self._poll, "prism-keys-refresh"),
+                    background(self._flush_loop, "prism-keys-last-used"),
+                ):
                     yield
             finally:
                 self._refreshed = None
+                await self.flush_used()
         finally:
             if isinstance(self.store, PgKeyStore):
                 await self.store.close()
@@ -242,6 +313,13 @@ class KeyRing:
         if self._refreshed is not None:
             # Listening again: changes made while nobody listened are read now.
             self._wake.set()
+
+    async def _flush_loop(self) -> None:
+        # Last use is written every flush_s, in one transaction, never once per call;
+        # a task of its own, so a slow write never delays noticing a revocation.
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await self.flush_used()
 
     async def _poll(self) -> None:
         while True:

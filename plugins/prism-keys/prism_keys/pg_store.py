@@ -16,7 +16,8 @@ run through ``asyncio.run``.
 Schema versions (the one row of ``prism_keys_schema``): 1 the keys,
 organisations, their settings and the revision; 2 adds
 ``prism_keys_key_settings`` (key_id, name, value text), whose rows go with
-their key if it is ever deleted.  :func:`ensure_schema` creates what is
+their key if it is ever deleted; 3 adds expiry, rotation, last use, disabled
+organisations and the audit log (:mod:`.admin_schema`).  :func:`ensure_schema` creates what is
 missing and records the version, so an older schema is migrated the first
 time a newer prism-keys connects; a newer one is refused.
 
@@ -37,7 +38,18 @@ import orjson
 
 from prism_proxy import redact_url
 
-from .store import KeyRow, Loaded, OrgRow, Revoked, SettingsTable, _now, check_name, grouped
+from .admin_schema import migrate_postgres
+from .store import (
+    ACTIVE_KEYS,
+    KeyRow,
+    Loaded,
+    OrgRow,
+    Revoked,
+    SettingsTable,
+    _now,
+    check_name,
+    grouped,
+)
 from .tokens import NewKey, new_key
 
 __all__ = ["CHANNEL", "PG_SCHEMA_VERSION", "PgKeyStore", "SchemaTooNew", "SyncPgKeyStore"]
@@ -46,7 +58,7 @@ log = logging.getLogger("prism.keys")
 
 T = TypeVar("T")
 #: Bump with a migration step in :func:`ensure_schema` when the tables change.
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 #: The channel every change is announced on (payload: the new revision).
 CHANNEL = "prism_keys"
 #: Any advisory-lock key will do, as long as every replica uses the same one.
@@ -112,6 +124,7 @@ async def ensure_schema(conn: Conn) -> None:
                 f"({PG_SCHEMA_VERSION}): upgrade prism-keys"
             )
         await conn.execute(_SCHEMA)
+        await migrate_postgres(conn)
         if found is None:
             await conn.execute(
                 "INSERT INTO prism_keys_schema (version) VALUES ($1)", PG_SCHEMA_VERSION
@@ -142,10 +155,7 @@ async def _revision(conn: Conn) -> int:
 async def _load_active(conn: Conn) -> Loaded:
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         revision = await _revision(conn)
-        rows = await conn.fetch(
-            "SELECT k.id, k.hash, k.org, o.tags, k.scopes FROM prism_keys_keys k "
-            "JOIN prism_keys_orgs o ON o.name = k.org WHERE k.revoked IS NULL"
-        )
+        rows = await conn.fetch(ACTIVE_KEYS.format(keys="prism_keys_keys", orgs="prism_keys_orgs"))
         setting_rows = await conn.fetch("SELECT org, name, value FROM prism_keys_org_settings")
         key_setting_rows = await conn.fetch(
             "SELECT s.key_id, s.name, s.value FROM prism_keys_key_settings s "

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prism_proxy import PRINCIPALS, CheckLine, Commands, Generation, Offer, hookimpl, provide
+from prism_proxy import (
+    KEY_ADMIN,
+    PRINCIPALS,
+    CheckLine,
+    Commands,
+    Generation,
+    Offer,
+    hookimpl,
+    provide,
+)
 
+from .admin import KeysAdmin, anchored_wall, write_last_used
+from .admin_db import AdminDb
 from .auth import AUTH_PLUGIN_NAME, KeysAuth
 from .check import check_keys
 from .cli import add_commands
@@ -27,7 +39,15 @@ def prism_services(generation: Generation) -> list[Offer[Any]] | None:
     settings = KeysSettings.from_config(generation.config)
     if settings is None:
         return None  # no key database: nobody to say who an organisation or a key is
-    return [provide(PRINCIPALS, lambda: KeysPrincipals(generation, settings))]
+    return [
+        provide(PRINCIPALS, lambda: KeysPrincipals(generation, settings)),
+        provide(KEY_ADMIN, lambda: KeysAdmin(generation, settings, _wall(generation))),
+    ]
+
+
+def _wall(generation: Generation) -> Callable[[], float]:
+    """Wall time on the generation's clock: one for auth and administration alike."""
+    return generation.memo("keys.wall", lambda: anchored_wall(generation.clock))
 
 
 @hookimpl
@@ -42,7 +62,13 @@ def prism_generation(generation: Generation) -> None:
         ("keys", settings.ident, settings.refresh_s), lambda: _new_ring(settings)
     )
     generation.register(
-        KeysAuth(ring, generation.counters, generation.org_settings, generation.telemetry),
+        KeysAuth(
+            ring,
+            generation.counters,
+            generation.org_settings,
+            generation.telemetry,
+            wall=_wall(generation),
+        ),
         AUTH_PLUGIN_NAME,
     )
     log.info(
@@ -54,10 +80,13 @@ def prism_generation(generation: Generation) -> None:
 
 
 def _new_ring(settings: KeysSettings) -> KeyRing:
+    # Last use is written once per poll, in one transaction, never per call.
+    # The ring checks the schema when it opens the database, before any flush.
+    writer = functools.partial(write_last_used, AdminDb(settings, checked=True))
     if settings.db_url is not None:
-        return KeyRing(PgKeyStore(settings.db_url), settings.refresh_s)
+        return KeyRing(PgKeyStore(settings.db_url), settings.refresh_s, last_used_writer=writer)
     assert settings.db_path is not None
-    return KeyRing(KeyStore(settings.db_path), settings.refresh_s)
+    return KeyRing(KeyStore(settings.db_path), settings.refresh_s, last_used_writer=writer)
 
 
 @hookimpl

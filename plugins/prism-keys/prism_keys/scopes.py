@@ -7,6 +7,8 @@ Syntax (one scope per item, items comma-separated on the command line):
 - ``model:<name>``: may use that catalog model (or pinned ``provider/model``);
   ``model:<prefix>*`` any model whose name starts with the prefix;
   ``model:*`` every model;
+- ``admin``: may use the admin API for its own organisation (prism-admin);
+  grants no endpoint or model here;
 - ``<namespace>:<value>`` with any other namespace (``tier:gold``,
   ``data:eu-only``): a label that grants nothing here but that routing
   rules can match on.
@@ -27,6 +29,8 @@ from prism_proxy import Endpoint
 __all__ = ["Grants", "ScopeError", "parse_scopes"]
 
 ALL = "*"
+#: Administers its own organisation through the admin API; grants nothing here.
+ADMIN = "admin"
 MODEL_NS = "model"
 _MODEL_PATTERN = re.compile(r"[A-Za-z0-9._:/@+-]+\*?|\*")
 _LABEL = re.compile(r"([a-z][a-z0-9_.-]*):([A-Za-z0-9._:/@+-]+)")
@@ -49,7 +53,7 @@ def parse_scopes(items: Iterable[str]) -> tuple[str, ...]:
         scope = raw.strip()
         if not scope:
             continue
-        if scope == ALL or scope in endpoints:
+        if scope == ALL or scope == ADMIN or scope in endpoints:
             seen[scope] = None
             continue
         ns, sep, value = scope.partition(":")
@@ -103,7 +107,7 @@ class Grants:
                     prefixes.append(name[:-1])
                 else:
                     models.add(name)
-            elif ":" not in scope:
+            elif ":" not in scope and scope != ADMIN:
                 endpoints.add(scope)
         return cls(
             endpoints=frozenset(endpoints),

@@ -15,7 +15,8 @@ processes committed before it began.
 Schema versions (``PRAGMA user_version``): 1 ``orgs``, ``keys``, ``revision``;
 2 adds ``org_settings`` (org, name, value text); 3 adds ``key_settings``
 (key_id, name, value text), whose rows go with their key if it is ever
-deleted.  Opening a database creates what is missing (every statement is
+deleted; 4 adds expiry, rotation, last use, disabled organisations and the
+audit log (:mod:`.admin_schema`).  Opening a database creates what is missing (every statement is
 ``IF NOT EXISTS``), so an older file is migrated in place the first time a
 newer prism-keys opens it, and a file made by a newer version than this one
 is refused.
@@ -25,6 +26,7 @@ All functions are blocking; the gateway calls them from a worker thread.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import enum
 import logging
@@ -40,6 +42,7 @@ from typing import Any
 import attrs
 import orjson
 
+from .admin_schema import migrate_sqlite
 from .tokens import NewKey, new_key
 
 __all__ = [
@@ -54,7 +57,7 @@ __all__ = [
     "grouped",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orgs (
     name    TEXT PRIMARY KEY,
@@ -87,6 +90,13 @@ CREATE TABLE IF NOT EXISTS key_settings (
     PRIMARY KEY (key_id, name)
 );
 """
+#: The keys a gateway holds: expired ones too (answered ``key_expired``), and those of
+#: disabled organisations (answered ``org_disabled``), to whoever holds their text.
+ACTIVE_KEYS = (
+    "SELECT k.id, k.hash, k.org, o.tags, k.scopes, k.expires_at, k.previous_hash, "
+    "k.previous_until, o.disabled FROM {keys} k JOIN {orgs} o ON o.name = k.org "
+    "WHERE k.revoked IS NULL"
+)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,63}")
 _BUSY_TIMEOUT_S = 10
 
@@ -141,6 +151,13 @@ class LoadedKey:
     org: str
     org_tags: tuple[str, ...]
     scopes: tuple[str, ...]
+    #: When it stops working (Unix seconds), if ever.
+    expires_at: float | None = None
+    #: The text it had before a rotation, accepted until ``previous_until``.
+    previous_hash: str | None = attrs.field(default=None, repr=False)
+    previous_until: float | None = None
+    #: Its organisation is disabled: the key is refused (``org_disabled``) until re-enabled.
+    org_disabled: bool = False
 
 
 @attrs.frozen
@@ -165,9 +182,22 @@ class Loaded:
         key_setting_rows: Iterable[Sequence[Any]] = (),
         org_rows: Iterable[Sequence[Any]] = (),
     ) -> Loaded:
-        """From ``(id, hash, org, tags, scopes)``, ``(org, name, value)``,
+        """From ``(id, hash, org, tags, scopes[, expires_at, previous_hash, previous_until,
+        org_disabled])``,
+        ``(org, name, value)``,
         ``(key_id, name, value)`` and ``(name, tags)`` rows (either store)."""
-        keys = [LoadedKey(r[0], r[1], r[2], _loads(r[3]), _loads(r[4])) for r in key_rows]
+        keys = [
+            LoadedKey(
+                r[0],
+                r[1],
+                r[2],
+                _loads(r[3]),
+                _loads(r[4]),
+                *((parse_time(r[5]), r[6], parse_time(r[7])) if len(r) > 5 else ()),
+                *((r[8] is not None,) if len(r) > 8 else ()),
+            )
+            for r in key_rows
+        ]
         return cls(
             revision=revision,
             keys=keys,
@@ -187,6 +217,18 @@ def grouped(rows: Iterable[Sequence[Any]]) -> dict[str, dict[str, str]]:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def format_time(at: float) -> str:
+    """Unix seconds as the database keeps times: UTC, ISO 8601, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def parse_time(text: str | None) -> float | None:
+    """A time as :func:`format_time` writes it, in Unix seconds (None stays None)."""
+    if text is None:
+        return None
+    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 @attrs.frozen
@@ -478,10 +520,7 @@ class KeyStore:
         with self._connect() as conn:
             conn.execute("BEGIN")  # a read transaction: the rows are those of the revision
             revision: int = conn.execute("SELECT value FROM revision WHERE id = 1").fetchone()[0]
-            rows = conn.execute(
-                "SELECT k.id, k.hash, k.org, o.tags, k.scopes FROM keys k "
-                "JOIN orgs o ON o.name = k.org WHERE k.revoked IS NULL"
-            ).fetchall()
+            rows = conn.execute(ACTIVE_KEYS.format(keys="keys", orgs="orgs")).fetchall()
             setting_rows = conn.execute("SELECT org, name, value FROM org_settings").fetchall()
             key_setting_rows = conn.execute(
                 "SELECT s.key_id, s.name, s.value FROM key_settings s "
@@ -512,6 +551,7 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
             f"{SCHEMA_VERSION}: upgrade prism-keys"
         )
     conn.executescript(_SCHEMA)
+    migrate_sqlite(conn)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "hash_matches",
     "key_id_of",
     "new_key",
+    "rekey",
 ]
 
 KEY_PREFIX = "sk-prism-"
@@ -50,6 +51,12 @@ class NewKey:
 
 def new_key() -> NewKey:
     key_id = secrets.token_hex(ID_CHARS // 2)
+    key = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(SECRET_BYTES)}"
+    return NewKey(key_id=key_id, key=key, hash=hash_key(key))
+
+
+def rekey(key_id: str) -> NewKey:
+    """A new text (and hash) for the existing key ``key_id``: what a rotation hands out."""
     key = f"{KEY_PREFIX}{key_id}-{secrets.token_urlsafe(SECRET_BYTES)}"
     return NewKey(key_id=key_id, key=key, hash=hash_key(key))
 

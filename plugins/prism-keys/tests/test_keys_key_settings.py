@@ -426,7 +426,7 @@ def test_a_version_2_database_is_migrated_and_keeps_its_settings(tmp_path):
     store = KeyStore(path)
     store.ensure_schema()
     with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert store.update_key_settings(key_id, {"test_rpm": "7"}) == set()
     loaded = store.load_active()
     assert loaded.settings == {"acme": {"test_budget": "5"}}

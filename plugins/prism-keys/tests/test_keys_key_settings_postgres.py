@@ -95,7 +95,7 @@ def test_a_version_1_postgres_schema_is_migrated_and_keeps_its_data(prism_postgr
         sql("DROP TABLE prism_keys_key_settings", "UPDATE prism_keys_schema SET version = 1")
     )
     store.ensure_schema()
-    assert asyncio.run(sql()) == PG_SCHEMA_VERSION == 2
+    assert asyncio.run(sql()) == PG_SCHEMA_VERSION == 3
     assert store.update_key_settings(key_id, {"test_rpm": "7"}) == set()
     loaded = store.load_active()
     assert loaded.settings == {"acme": {"test_budget": "5"}}

@@ -252,7 +252,7 @@ def test_a_version_1_database_is_migrated_when_opened(ini, capsys, declares):
     status, _, _ = keys_cli(ini, capsys, "org-set", "acme", "test_budget=3")
     assert status == 0
     with contextlib.closing(sqlite3.connect(ini.parent / "keys.db")) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     loaded = KeyStore(ini.parent / "keys.db").load_active()
     assert [row.key_id for row in loaded.keys] == [key.split("-")[2]]
     assert loaded.settings == {"acme": {"test_budget": "3"}}

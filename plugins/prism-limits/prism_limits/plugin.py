@@ -19,6 +19,7 @@ from aiohttp import web
 
 from prism_proxy import (
     GATEWAY,
+    LIMITS,
     PRICING,
     SHARED_STATE,
     SPEND,
@@ -29,14 +30,17 @@ from prism_proxy import (
     Commands,
     Config,
     Generation,
+    Offer,
     OrgSetting,
     PrismError,
     Settlement,
     authenticated_call,
     error_response,
     hookimpl,
+    provide,
 )
 
+from .admin_view import LimitsReadings
 from .alerts import Outbox
 from .counting import LocalCounters
 from .fleet import FleetCounters
@@ -123,6 +127,12 @@ def prism_generation(generation: Generation) -> None:
     )
     hooks = LimitsHooks(limiter)
     generation.register(hooks, LIMITER)
+
+
+@hookimpl
+def prism_services(generation: Generation) -> list[Offer[Any]]:
+    # What each limit has left, for the admin API's console (prism-admin).
+    return [provide(LIMITS, lambda: LimitsReadings(generation))]
 
 
 @hookimpl
