@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,8 +18,17 @@ from prism_proxy import (
     UpstreamResponse,
 )
 
-_OPTIONS = frozenset({"base_url", "api_key_env", "auth", "headers", "query", "deployments"})
-_PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.EMBEDDINGS: "embeddings"}
+_OPTIONS = frozenset(
+    {"base_url", "api_key_env", "auth", "headers", "query", "deployments", "responses"}
+)
+_PATHS = {
+    Endpoint.CHAT: "chat/completions",
+    Endpoint.EMBEDDINGS: "embeddings",
+    Endpoint.RESPONSES: "responses",
+}
+#: The API root whose upstream speaks the Responses API for sure: native there by default.
+_OPENAI_API = "https://api.openai.com/v1"
+_NATIVE_RESPONSES = MappingProxyType({Endpoint.RESPONSES: "responses"})
 
 
 class OpenAIProvider(HttpProvider):
@@ -30,6 +40,10 @@ class OpenAIProvider(HttpProvider):
     - ``headers``: a table of extra static headers;
     - ``query``: a table of extra query parameters (e.g. ``api-version`` for Azure);
     - ``deployments``: true for Azure-style URLs ``{base_url}/deployments/{model}/...``;
+    - ``responses``: ``"native"`` to send Responses API calls to ``{base_url}/responses``
+      as they are (reasoning items included), ``"translate"`` to send them as chat
+      completions; default native for OpenAI's own API root, translated for any other
+      (most OpenAI-compatible servers have no Responses API);
     - ``max_connections``, ``connect_timeout_ms``: the connection pool;
     - ``proxy``: the egress proxy's URL, or ``"none"`` (default: the environment's).
     """
@@ -61,6 +75,12 @@ class OpenAIProvider(HttpProvider):
         elif secret:
             headers["api-key"] = secret
         self.headers: Mapping[str, str] = headers
+        default = "native" if self.base_url == _OPENAI_API else "translate"
+        mode = spec.options.get("responses", default)
+        if mode not in ("native", "translate"):
+            raise spec.error("responses", f"expected 'native' or 'translate', got {mode!r}")
+        if mode == "native":
+            self.native_wires = _NATIVE_RESPONSES
 
     def url(self, endpoint: Endpoint, binding: Binding) -> str:
         path = _PATHS[endpoint]
@@ -72,7 +92,8 @@ class OpenAIProvider(HttpProvider):
         self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]
     ) -> UpstreamResponse:
         body["model"] = binding.model
-        if body.get("stream"):
+        # The Responses API reports usage in its last event unasked.
+        if body.get("stream") and endpoint is not Endpoint.RESPONSES:
             # Always ask for usage so the serving attempt can be billed; the
             # relay forwards the usage chunk only to callers who asked for it.
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

@@ -120,9 +120,32 @@ async def test_the_key_never_reaches_logs_or_error_bodies(
             "providers.p.deployment",
             "unknown option",
         ),
+        (
+            {"base_url": "http://x/v1", "responses": "yes"},
+            "providers.p.responses",
+            "'native' or 'translate'",
+        ),
     ],
 )
 async def test_option_errors_name_the_key(prism_gateway, options, key, problem):
     with pytest.raises(ConfigError) as info:
         await prism_gateway(catalog(options))
     assert key in str(info.value) and problem in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "native"),
+    [
+        ({"base_url": "https://api.openai.com/v1"}, True),
+        ({"base_url": "https://api.openai.com/v1/", "responses": "translate"}, False),
+        ({"base_url": "http://127.0.0.1:8000/v1"}, False),
+        ({"base_url": "http://127.0.0.1:8000/v1", "responses": "native"}, True),
+    ],
+)
+def test_the_responses_api_is_native_on_openais_own_api_by_default(options, native):
+    from prism_openai import OpenAIProvider
+
+    from prism_proxy import Endpoint, ProviderSpec
+
+    provider = OpenAIProvider(ProviderSpec("p", "openai", options, "catalog.toml"))
+    assert (provider.native_wires.get(Endpoint.RESPONSES) == "responses") is native
