@@ -17,6 +17,7 @@ the table is ``run.py``'s, with every build's ratio to the bare proxy.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -52,10 +53,51 @@ def worktree(revision: str, where: Path) -> None:
     )
 
 
-def old_path(tree: Path) -> str:
-    """``PYTHONPATH`` that puts the other build's packages before the installed ones."""
-    parts = [tree, *sorted((tree / "plugins").glob("prism-*")), tree / "contrib" / "fake-upstream"]
+def old_path(tree: Path, shadows: Path) -> str:
+    """``PYTHONPATH`` that puts the other build's packages before the installed ones.
+
+    First come ``shadows``: the plugins installed here that the other build
+    does not have (see :func:`shadow_new_plugins`).
+    """
+    parts = [
+        shadows,
+        tree,
+        *sorted((tree / "plugins").glob("prism-*")),
+        tree / "contrib" / "fake-upstream",
+    ]
     return ":".join(str(part) for part in parts)
+
+
+def shadow_new_plugins(tree: Path, where: Path) -> list[str]:
+    """Hide from the other build the plugins it does not have; return their names.
+
+    Its core loads every installed ``prism_proxy`` entry point (pluggy reads
+    every distribution's) before it reads ``disable =``: a plugin written
+    after it would be imported against a core that lacks what the plugin
+    needs.  An empty module of the same name in ``where``, put before the
+    installed packages on that build's ``PYTHONPATH``, is what it loads
+    instead: a plugin with no hooks, for that build only.
+    """
+    hidden = []
+    for dist in importlib.metadata.distributions():
+        for point in dist.entry_points:
+            if point.group != "prism_proxy":
+                continue
+            module = point.value.split(":")[0]
+            package = module.split(".")[0]
+            if (tree / package).is_dir() or any((tree / "plugins").glob(f"*/{package}")):
+                continue
+            path = where.joinpath(*module.split("."))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for folder in (where / package, *path.parents):
+                if folder == where or where not in folder.parents:
+                    continue
+                (folder / "__init__.py").touch()
+            path.with_suffix(".py").write_text(
+                '"""Not in the build under comparison: a plugin with no hooks."""\n'
+            )
+            hidden.append(str(dist.metadata["Name"]))
+    return hidden
 
 
 def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
@@ -75,7 +117,11 @@ def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
             wait_ready(bare, port, "/healthz")
             url = f"http://{HOST}:{port}/v1/chat/completions"
             targets = [Target("bare", "bare proxy", url, bare.proc.pid)]
-            for build, pythonpath in (("before", old_path(tree)), ("after", None)):
+            hidden = shadow_new_plugins(tree, work / "shadows")
+            if hidden:
+                print(f"not in {args.revision}, hidden from it: {', '.join(sorted(hidden))}")
+            before = old_path(tree, work / "shadows")
+            for build, pythonpath in (("before", before), ("after", None)):
                 env = server_env()
                 if pythonpath is not None:
                     env["PYTHONPATH"] = pythonpath

@@ -19,10 +19,17 @@ main thread (the event loop) and its other threads (the ledger's writer),
 user and system time apart.  ``--profile limits`` measures the full profile
 and the same with prism-limits (no limit applying; limits applying, counted
 in the process; counted in the Redis of ``--redis``, beside the full profile
-with prism-redis alone) and prints each against its reference.
+with prism-redis alone) and prints each against its reference.  ``--lines``
+adds a Responses API call translated to chat, and a Prism whose line is on
+Gemini's wire and one on Bedrock's (the fake upstream speaks both), each
+against a chat call on an OpenAI line.  ``--cache`` adds Prism with
+prism-cache's memory store, called so that every call is a hit, and called
+with ``Cache-Control: no-cache`` (a miss, whose answer is stored), each
+against ``prism`` (the cache installed, not configured).
 
     python contrib/bench/cpu_per_request.py [--duration 2] [--rounds 3] [--routing] [--workers 2]
                                             [--threads] [--no-pin] [--profile default|full|limits]
+                                            [--lines] [--cache]
 """
 
 from __future__ import annotations
@@ -51,12 +58,21 @@ from profiles import (
     verify_variant,
     write_full_profile,
 )
-from run import add_without, fake_upstream_argv, free_port, http_request, write_prism_config
+from run import (
+    add_without,
+    fake_upstream_argv,
+    free_port,
+    http_request,
+    line_env,
+    write_prism_config,
+)
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 UPSTREAM, BARE, PRISM, ROUTED, WORKERS, SHARED = 18977, 18979, 18978, 18976, 18975, 18974
 WITHOUT = 18973
+#: The provider kinds ``--lines`` puts Prism's one line on, besides OpenAI's.
+LINE_KINDS = ("gemini", "bedrock")
 #: The full profile's targets take ports from here up (one per plugin left out, plus one).
 FULL_BASE = 18950
 
@@ -69,10 +85,26 @@ def on_cpus(cpus: set[int] | None) -> Callable[[], None] | None:
 
 
 async def load(
-    port: int, stream: bool, duration: int, key: str | None = None, cpus: set[int] | None = None
+    port: int,
+    stream: bool,
+    duration: int,
+    key: str | None = None,
+    cpus: set[int] | None = None,
+    api: str = "chat",
 ) -> tuple[int, int]:
-    """Run wrk against ``port``; the requests it completed, and how many were not 2xx."""
-    env = {**os.environ, "BENCH_STREAM": "1" if stream else "0", "BENCH_KEY": key or ""}
+    """Run wrk against ``port``; the requests it completed, and how many were not 2xx.
+
+    ``api``: ``chat`` (``/v1/chat/completions``), ``responses`` (``/v1/responses``)
+    or ``no-cache`` (chat with ``Cache-Control: no-cache``: a cache's miss, stored).
+    """
+    env = {
+        **os.environ,
+        "BENCH_STREAM": "1" if stream else "0",
+        "BENCH_KEY": key or "",
+        "BENCH_API": api,
+        "BENCH_HEADERS": "Cache-Control: no-cache" if api == "no-cache" else "",
+    }
+    path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
     wrk = await asyncio.create_subprocess_exec(
         "wrk",
         "-t2",
@@ -80,7 +112,7 @@ async def load(
         f"-d{duration}s",
         "-s",
         str(HERE / "post.lua"),
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"http://127.0.0.1:{port}{path}",
         env=env,
         stdout=asyncio.subprocess.PIPE,
         preexec_fn=on_cpus(cpus),
@@ -92,9 +124,15 @@ async def load(
     return int(line.split()[0]), failed
 
 
-def start(argv: Sequence[str | Path], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    argv: Sequence[str | Path], cpus: set[int] | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=on_cpus(cpus)
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=on_cpus(cpus),
+        env={**os.environ, **env} if env else None,
     )
 
 
@@ -108,6 +146,8 @@ async def main(
     threads: bool = False,
     rounds: int = 3,
     pinned: bool = True,
+    lines: bool = False,
+    cache: bool = False,
 ) -> None:
     cpus = split_cpus() if pinned else None
     # Servers under test on one CPU, the load and the fake on the others.
@@ -131,10 +171,33 @@ async def main(
             under_test,
         )
         prism = start([BIN / "prism", "serve", "--config", config], under_test)
-        targets: list[tuple[str, subprocess.Popen[bytes], int, str | None]] = [
-            ("bare proxy", bare, BARE, None),
-            ("prism", prism, PRISM, None),
+        # (name, process, port, API key, the API called: chat or responses)
+        targets: list[tuple[str, subprocess.Popen[bytes], int, str | None, str]] = [
+            ("bare proxy", bare, BARE, None, "chat"),
+            ("prism", prism, PRISM, None, "chat"),
         ]
+        if lines:
+            # The same Prism called through the Responses API (translated to chat), and
+            # Prism with its one line on each other wire the fake upstream speaks.
+            targets.append(("prism responses", prism, PRISM, None, "responses"))
+            for kind in LINE_KINDS:
+                port = free_port()
+                here = Path(scratch) / kind
+                here.mkdir()
+                ini = write_prism_config(here, port, upstream_base, kind=kind)
+                line_argv: list[str | Path] = [BIN / "prism", "serve", "--config", ini]
+                process = start(line_argv, under_test, line_env(kind))
+                targets.append((f"prism {kind} line", process, port, None, "chat"))
+        if cache:
+            # Prism with prism-cache's memory store: every call after the first a hit, and
+            # the same Prism asked to skip the lookup (a miss that is stored), against prism.
+            port = free_port()
+            here = Path(scratch) / "cache"
+            here.mkdir()
+            ini = write_prism_config(here, port, upstream_base, cache=True)
+            cached = start([BIN / "prism", "serve", "--config", ini], under_test)
+            targets.append(("prism cache hit", cached, port, None, "chat"))
+            targets.append(("prism cache miss", cached, port, None, "no-cache"))
         if profile in ("full", "limits"):
             # Prism as operators run it, and once without each plugin: its marginal cost.
             left_outs = (None, *FULL_PLUGINS) if profile == "full" else (None,)
@@ -145,7 +208,7 @@ async def main(
                     Path(scratch) / name.replace(" ", ""), port, upstream_base, without=left_out
                 )
                 argv: list[str | Path] = [BIN / "prism", "serve", "--config", ini]
-                targets.append((name, start(argv, under_test), port, key))
+                targets.append((name, start(argv, under_test), port, key, "chat"))
         variants: dict[str, tuple[LimitsVariant, int, str | None]] = {}
         prefixes: list[str] = []
         if profile == "limits":
@@ -168,17 +231,17 @@ async def main(
                     redis=(redis_url, prefix),
                 )
                 argv = [BIN / "prism", "serve", "--config", ini]
-                targets.append((variant.name, start(argv, under_test), port, key))
+                targets.append((variant.name, start(argv, under_test), port, key, "chat"))
                 variants[variant.name] = (variant, port, key)
         if routing:
             routed = start([BIN / "prism", "serve", "--config", routed_config], under_test)
-            targets.append(("prism+route", routed, ROUTED, None))
+            targets.append(("prism+route", routed, ROUTED, None, "chat"))
         for name in without:
             here = Path(scratch) / f"without-{name}"
             here.mkdir()
             ini = write_prism_config(here, WITHOUT, upstream_base, disable=(name,))
             argv = [BIN / "prism", "serve", "--config", ini]
-            targets.append((f"prism -{name}", start(argv, under_test), WITHOUT, None))
+            targets.append((f"prism -{name}", start(argv, under_test), WITHOUT, None, "chat"))
         if workers > 1:
             # The breaker refuses workers unless its state is shared: both targets
             # share it through Redis, so they differ only in the process count.
@@ -191,9 +254,9 @@ async def main(
                 ini = write_prism_config(here, port, upstream_base, redis_url=redis_url)
                 argv = [BIN / "prism", "serve", "--config", ini, "--workers", str(count)]
                 # Unpinned, both: workers on one CPU would measure nothing of a second one.
-                targets.append((name, start(argv), port, None))
+                targets.append((name, start(argv), port, None, "chat"))
         try:
-            for name, process, port, _ in targets:
+            for name, process, port, *_ in targets:
                 wait_ready(name, process, port, "/healthz" if name == "bare proxy" else "/readyz")
             cpu: dict[tuple[str, bool], float] = {}
             # Only one-process targets: a supervisor's threads say nothing of its workers'.
@@ -206,10 +269,10 @@ async def main(
                 split_total = {name: [0.0, 0.0, 0.0, 0.0] for name in each}
                 for round_ in range(rounds):
                     order = targets if round_ % 2 == 0 else targets[::-1]
-                    for name, process, port, key in order:
+                    for name, process, port, key, api in order:
                         before = cpu_seconds(process.pid)
                         split_before = thread_times(process.pid) if name in split_names else None
-                        served, failed = await load(port, stream, duration, key, others)
+                        served, failed = await load(port, stream, duration, key, others, api)
                         spent = cpu_seconds(process.pid) - before
                         each[name].append(spent / max(served, 1) * 1e6)
                         served_total[name] += served
@@ -235,6 +298,23 @@ async def main(
                         )
             if variants:
                 report_limits(cpu, variants)
+            others_than_prism = [
+                *(
+                    ("prism responses", *(f"prism {kind} line" for kind in LINE_KINDS))
+                    if lines
+                    else ()
+                ),
+                *(("prism cache hit", "prism cache miss") if cache else ()),
+            ]
+            if others_than_prism:
+                print("\nagainst prism (a chat call on an OpenAI line), same run, median CPU:")
+                for name in others_than_prism:
+                    ratios = [cpu[name, stream] / cpu["prism", stream] for stream in (False, True)]
+                    extra = [cpu[name, stream] - cpu["prism", stream] for stream in (False, True)]
+                    print(
+                        f"  {name:20} non-stream {ratios[0]:.2f}x ({extra[0]:+4.0f} us)   "
+                        f"stream {ratios[1]:.2f}x ({extra[1]:+4.0f} us)"
+                    )
             if profile == "full":
                 print("\nmarginal CPU per request (full minus full without the plugin):")
                 for plugin in FULL_PLUGINS:
@@ -246,9 +326,11 @@ async def main(
                         f"  {plugin:16} non-stream {costs[0]:+5.0f} us   stream {costs[1]:+5.0f} us"
                     )
         finally:
-            for process in (upstream, *(target[1] for target in targets)):
+            # One process may be two targets (the same Prism called through two APIs).
+            processes = {id(p): p for p in (upstream, *(target[1] for target in targets))}
+            for process in processes.values():
                 process.terminate()
-            for process in (upstream, *(target[1] for target in targets)):
+            for process in processes.values():
                 process.wait(15)
             if workers > 1:
                 forget_shared_state(redis_url, (SHARED, WORKERS))
@@ -323,6 +405,18 @@ def cli(argv: Sequence[str] | None = None) -> None:
         help="the Redis --workers and --profile limits share state in",
     )
     parser.add_argument(
+        "--lines",
+        action="store_true",
+        help="also a Responses API call translated to chat, and Prism's line on each other "
+        "wire (Gemini, Bedrock), each against a chat call on an OpenAI line",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="also Prism with prism-cache's memory store: a hit, and a miss that is stored "
+        "(Cache-Control: no-cache), each against prism",
+    )
+    parser.add_argument(
         "--threads",
         action="store_true",
         help="also split each one-process target's CPU between its main and other threads",
@@ -346,6 +440,8 @@ def cli(argv: Sequence[str] | None = None) -> None:
             args.threads,
             max(1, args.rounds),
             not args.no_pin,
+            args.lines,
+            args.cache,
         )
     )
 

@@ -3,6 +3,8 @@
 -- Environment:
 --   BENCH_STREAM=1   send "stream": true (latency is then the whole SSE stream)
 --   BENCH_MODEL      model name (default "bench")
+--   BENCH_API        "responses": the same prompt as an OpenAI Responses API request
+--                    (POST it to /v1/responses); else a chat completion request
 --   BENCH_KEY        an API key, sent as "Authorization: Bearer <key>" (the full profile)
 --   BENCH_HEADERS    extra request headers, one "Name: value" per line (lines separated
 --                    by newlines, blank lines ignored), e.g. for a peer gateway
@@ -40,10 +42,16 @@ if extra and extra ~= "" then
         end
     end
 end
-wrk.body = '{"model":"' .. model .. '",'
-    .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'
-    .. (stream and ',"stream":true' or '')
-    .. '}'
+if os.getenv("BENCH_API") == "responses" then
+    wrk.body = '{"model":"' .. model .. '","input":"Say hello in ten words."'
+        .. (stream and ',"stream":true' or '')
+        .. '}'
+else
+    wrk.body = '{"model":"' .. model .. '",'
+        .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'
+        .. (stream and ',"stream":true' or '')
+        .. '}'
+end
 
 function done(summary, latency, requests)
     local e = summary.errors

@@ -427,6 +427,32 @@ def add_without(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: A line's options beyond ``kind`` and ``base_url``, per provider kind.
+LINE_OPTIONS = {
+    "gemini": 'api_key_env = "BENCH_GEMINI_KEY"\n',
+    "bedrock": 'region = "us-east-1"\n',
+}
+
+
+def line_env(kind: str) -> dict[str, str]:
+    """The environment a Prism serving a line of ``kind`` needs: the fake upstream's
+    credentials (Bedrock's fake checks each request's SigV4 signature with them),
+    and nothing of the machine's own AWS configuration."""
+    if kind == "gemini":
+        return {"BENCH_GEMINI_KEY": "bench-gemini-key"}
+    if kind == "bedrock":
+        from prism_fake_upstream.bedrock_wire import ACCESS_KEY_ID, SECRET_ACCESS_KEY
+
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    return {}
+
+
 def write_prism_config(
     directory: Path,
     port: int,
@@ -435,17 +461,23 @@ def write_prism_config(
     routing: bool = False,
     redis_url: str | None = None,
     disable: tuple[str, ...] = (),
+    kind: str = "openai",
+    cache: bool = False,
 ) -> Path:
+    """A one-line Prism on ``port`` (``cache``: prism-cache's memory store on, every
+    request of the model cacheable); ``kind`` is the line's provider kind (the fake
+    upstream speaks each: see :data:`LINE_OPTIONS` and :func:`line_env`)."""
     if routing:
         catalog = ROUTING_CATALOG.format(base=upstream_base, model=MODEL, gate=ROUTING_GATE)
     else:
         catalog = (
             "[providers.upstream]\n"
-            'kind = "openai"\n'
-            f'base_url = "{upstream_base}"\n'
-            "\n"
+            f'kind = "{kind}"\n'
+            f'base_url = "{upstream_base}"\n' + LINE_OPTIONS.get(kind, "") + "\n"
             f"[models.{MODEL}]\n"
             f'chain = [ {{ provider = "upstream", model = "{MODEL}" }} ]\n'
+            # The bench's request sets no temperature: the model says any may be kept.
+             + ('cache = "all"\n' if cache else "")
         )
     (directory / "catalog.toml").write_text(catalog)
     ini = directory / "prism.ini"
@@ -458,6 +490,7 @@ def write_prism_config(
         "shutdown_grace_s = 1\n"
         + (f"disable = {', '.join(disable)}\n" if disable else "")
         + ("[prism:regions]\ndefault = eu-west-1\n" if routing else "")
+        + ("[prism:cache]\nstore = memory\n" if cache else "")
         + (
             f"[prism:redis]\nurl = {redis_url}\nkey_prefix = prism-bench-{port}\n"
             if redis_url

@@ -445,6 +445,13 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
     messages: list[Any] = body["messages"]
 
     fault = ex.fault
+    if fault.context_limit is not None:
+        prompt = _input_tokens(body, messages)
+        if prompt > fault.context_limit:
+            # The API's own words for a prompt longer than the context window.
+            return _invalid(
+                ex, f"prompt is too long: {prompt} tokens > {fault.context_limit} maximum"
+            )
     stream = body.get("stream") is True
     if fault.die_after_chunks is not None and not stream:
         return ex.hang_up()
@@ -484,10 +491,29 @@ async def _messages(ex: Exchange) -> web.StreamResponse:
     )
 
 
+async def _count_tokens(ex: Exchange) -> web.StreamResponse:
+    """``POST /v1/messages/count_tokens``: the body of a Messages request without
+    ``max_tokens``; the answer is ``{"input_tokens": N}``, as the messages answer counts."""
+    body = ex.body
+    problem = _validate({**body, "max_tokens": 1} if isinstance(body, dict) else body)
+    if problem is not None:
+        return _invalid(ex, problem)
+    if "max_tokens" in body or "stream" in body:
+        key = "max_tokens" if "max_tokens" in body else "stream"
+        return _invalid(ex, f"{key}: Extra inputs are not permitted")
+    return web.Response(
+        body=json_bytes({"input_tokens": _input_tokens(body, body["messages"])}),
+        headers=ex.response_headers({**_JSON_HEADERS, "request-id": _request_id()}),
+    )
+
+
 def anthropic_wire() -> WireFormat:
-    """The Anthropic Messages wire format (POST /v1/messages)."""
+    """The Anthropic Messages wire format (POST /v1/messages, /v1/messages/count_tokens)."""
     return WireFormat(
         name="anthropic",
-        routes=(Route("POST", "messages", _messages),),
+        routes=(
+            Route("POST", "messages", _messages),
+            Route("POST", "messages/count_tokens", _count_tokens),
+        ),
         error_response=error_response,
     )

@@ -21,6 +21,7 @@ TRICKLE_INTERVAL_MS = 500
 _ERR_NAME = re.compile(r"err([1-5][0-9][0-9])")
 _DIE_NAME = re.compile(r"die([0-9]+)")
 _TRICKLE_NAME = re.compile(r"trickle(?:([0-9]+)x([0-9]+))?")
+_CTX_NAME = re.compile(r"ctx([0-9]+)")
 
 FaultBody = bytes | dict[str, Any] | None
 
@@ -102,6 +103,11 @@ class Fault:
     #: it). It adds nothing to ``output_tokens``: the fake cannot know what the
     #: encrypted reasoning cost; a test says so with ``usage``.
     redacted_thinking: str | None = None
+    #: A model with a context window this many tokens long: a chat completion or
+    #: message whose prompt (counted in words, as its usage counts it) is longer is
+    #: refused as the real APIs refuse it (400; OpenAI ``context_length_exceeded``,
+    #: Anthropic ``prompt is too long: N tokens > M maximum``).
+    context_limit: int | None = attrs.field(default=None, validator=_non_negative)
 
     def to_json(self) -> dict[str, Any]:
         """The control-API form of this Fault (inverse of fault_from_json)."""
@@ -139,6 +145,8 @@ def fault_for_scenario_name(name: str) -> Fault:
         return Fault(status=int(m.group(1)))
     if m := _DIE_NAME.fullmatch(name):
         return Fault(die_after_chunks=int(m.group(1)))
+    if m := _CTX_NAME.fullmatch(name):
+        return Fault(context_limit=int(m.group(1)))
     if m := _TRICKLE_NAME.fullmatch(name):
         tokens, interval_ms = (
             (int(m.group(1)), int(m.group(2)))
@@ -180,7 +188,7 @@ def fault_from_json(obj: object) -> Fault:
     for key in ("stall_s", "first_token_delay_s", "token_delay_s", "end_delay_s"):
         if key in obj and not _is_number(obj[key]):
             raise ValueError(f"{key} must be a number")
-    for key in ("status", "die_after_chunks", "bad_event_at"):
+    for key in ("status", "die_after_chunks", "bad_event_at", "context_limit"):
         value = obj.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"{key} must be an integer")

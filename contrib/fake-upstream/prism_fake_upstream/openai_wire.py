@@ -1,4 +1,4 @@
-"""The OpenAI wire format: chat completions (plain and SSE), embeddings, models."""
+"""The OpenAI wire format: chat completions (plain and SSE), responses, embeddings, models."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from .answers import (
     tool_result_answer,
 )
 from .exchange import Exchange, Route, WireFormat, json_bytes, stream_answer
+from .openai_responses import responses
 from .vectors import embedding_for_text, embedding_for_tokens, unpack_floats
 
 __all__ = [
@@ -112,6 +113,19 @@ def _invalid(ex: Exchange, message: str, param: str | None) -> web.Response:
     return web.Response(
         status=400,
         body=orjson.dumps(error_body(400, message, param)),
+        headers=ex.response_headers(_JSON_HEADERS),
+    )
+
+
+def _context_refusal(ex: Exchange, limit: int, prompt: int) -> web.Response:
+    """api.openai.com's answer to a prompt longer than the model's context window."""
+    message = (
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        f"resulted in {prompt} tokens. Please reduce the length of the messages."
+    )
+    return web.Response(
+        status=400,
+        body=orjson.dumps(error_body(400, message, "messages", "context_length_exceeded")),
         headers=ex.response_headers(_JSON_HEADERS),
     )
 
@@ -326,6 +340,10 @@ async def _chat_completions(ex: Exchange) -> web.StreamResponse:
         return _invalid(ex, "'messages' must be a non-empty array.", "messages")
 
     fault = ex.fault
+    if fault.context_limit is not None:
+        prompt = count_message_words(messages)
+        if prompt > fault.context_limit:
+            return _context_refusal(ex, fault.context_limit, prompt)
     stream = body.get("stream") is True
     if fault.die_after_chunks is not None and not stream:
         return ex.hang_up()
@@ -520,6 +538,7 @@ def openai_wire(models: Sequence[str] = DEFAULT_MODELS) -> WireFormat:
         name="openai",
         routes=(
             Route("POST", "chat/completions", _chat_completions),
+            Route("POST", "responses", responses),
             Route("POST", "embeddings", _embeddings),
             Route("GET", "models", list_models),
             Route("GET", "models/{model_id}", get_model),

@@ -14,10 +14,13 @@ import orjson
 from aiohttp import web
 
 from .anthropic_wire import anthropic_wire
+from .azure_wire import azure_wire
+from .bedrock_wire import bedrock_wire
 from .clock import FakeClock
 from .control import add_control_routes
 from .exchange import ClientGone, Exchange, Route, WireFormat
 from .faults import Fault
+from .gemini_wire import gemini_wire
 from .openai_wire import DEFAULT_MODELS, openai_wire
 from .recording import MAX_RECORDED, REGISTRY_KEY, Recorded, Registry, ScenarioLog
 
@@ -172,7 +175,10 @@ class FakeUpstream:
         #: Serves https with this server context when given (``url`` says https).
         self.ssl_context = ssl_context
         self._registry = Registry(max_recorded=max_recorded)
-        self._app = build_app(self._registry, [openai_wire(models), anthropic_wire()])
+        self._app = build_app(
+            self._registry,
+            [openai_wire(models), anthropic_wire(), bedrock_wire(), gemini_wire(), azure_wire()],
+        )
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
 
@@ -256,6 +262,13 @@ class FakeUpstream:
     def requests(self, scenario: str) -> list[Recorded]:
         log = self._registry.peek(scenario)
         return [] if log is None else list(log.records)
+
+    def models(self, scenario: str) -> list[str | None]:
+        """The ``model`` of each request ``scenario`` received, in order (None when absent)."""
+        return [
+            record.body.get("model") if isinstance(record.body, dict) else None
+            for record in self.requests(scenario)
+        ]
 
     def dropped(self, scenario: str) -> int:
         log = self._registry.peek(scenario)
