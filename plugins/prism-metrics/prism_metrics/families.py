@@ -98,6 +98,18 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("prism_cost_total", "counter", "Billed cost (currency units).", ("model", "provider")),
     Family(
+        "prism_cache_lookups_total",
+        "counter",
+        "Response cache lookups (prism-cache), by model and result: hit, miss or bypass.",
+        ("model", "result"),
+    ),
+    Family(
+        "prism_cache_tokens_saved_total",
+        "counter",
+        "Tokens (input and output) of answers served from the response cache.",
+        ("model",),
+    ),
+    Family(
         "prism_ledger_commit_seconds",
         "histogram",
         "Time to make one batch of ledger rows durable.",

@@ -197,7 +197,9 @@ class MetricsHooks:
             self._add(settled.rule)
         if len(call.attempts) > 1 or call.response_headers:  # else no fallback of any kind
             self._fallback_kinds(call, model)
-        if usage is not None and served is not None:
+        # A cached answer's tokens were spent once, when it was made (prism-cache counts
+        # them as saved): counting them again would show upstream use that never was.
+        if usage is not None and served is not None and settlement.outcome != "cached":
             for index, tokens in enumerate(_TOKEN_COUNTS(usage)):
                 if tokens:
                     self._add(settled.token(index), tokens)

@@ -1,0 +1,1 @@
+"""prism-cache: an exact-match response cache for Prism, off unless configured."""
