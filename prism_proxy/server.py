@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("prism")
+#: How long after the grace aiohttp's own shutdown wait gives up (see listen()).
+_BACKSTOP_S = 1.0
 
 #: The young generation's collection threshold while serving (CPython's default
 #: is 700).  A call allocates a few hundred short-lived objects; at the default,
@@ -225,7 +227,11 @@ async def listen(
             soft,
         )
     guard = ConnectionGuard(header_timeout_s, max_connections, counters)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=grace_s)
+    # The grace is Listening's own cut-off (it closes what is still busy); aiohttp's
+    # wait is only a backstop behind it.  Were both due at the same moment, a
+    # handler cancelled by the cut-off would resolve the wait aiohttp's timeout
+    # had just cancelled, and aiohttp would log InvalidStateError while draining.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=grace_s + _BACKSTOP_S)
     try:
         # setup() runs the app's start-up contexts; a failing one must not
         # leave the ones before it (pools, background tasks) running.
