@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from .conditions import add_condition_routes
 from .faults import fault_from_json
 from .recording import REGISTRY_KEY
 
@@ -63,3 +64,4 @@ def add_control_routes(app: web.Application) -> None:
     app.router.add_post("/_fake/script/{scenario}", _set_script)
     app.router.add_get("/_fake/hits/{scenario}", _hits)
     app.router.add_post("/_fake/reset", _reset)
+    add_condition_routes(app, app[REGISTRY_KEY].conditions)

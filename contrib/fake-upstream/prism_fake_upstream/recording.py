@@ -10,6 +10,7 @@ import attrs
 from aiohttp import web
 
 from .clock import FakeClock
+from .conditions import Condition
 from .faults import Fault, fault_for_scenario_name
 
 __all__ = ["MAX_RECORDED", "REGISTRY_KEY", "Recorded", "Registry", "ScenarioLog"]
@@ -67,6 +68,8 @@ class Registry:
     clock: FakeClock | None = None
     # Scenario names are parsed once; they never change meaning.
     _name_faults: dict[str, Fault] = attrs.field(factory=dict, alias="_name_faults")
+    #: Standing conditions (conditions.py): each request the script leaves gets a draw.
+    conditions: dict[str, Condition] = attrs.field(factory=dict)
 
     def log(self, scenario: str) -> ScenarioLog:
         log = self.logs.get(scenario)
@@ -83,6 +86,8 @@ class Registry:
     def next_fault(self, scenario: str, log: ScenarioLog) -> Fault:
         if log.script:
             return log.script.popleft()
+        if (condition := self.conditions.get(scenario)) is not None:
+            return condition.draw()
         fault = self._name_faults.get(scenario)
         if fault is None:
             fault = self._name_faults[scenario] = fault_for_scenario_name(scenario)
@@ -92,6 +97,7 @@ class Registry:
         # Replace rather than clear: requests still in flight keep their old
         # log, so nothing they do after the reset leaks into the fresh counts.
         self.logs = {}
+        self.conditions.clear()
 
 
 REGISTRY_KEY = web.AppKey("prism_fake_upstream.registry", Registry)
