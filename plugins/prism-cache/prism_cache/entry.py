@@ -49,6 +49,13 @@ class Entry:
     calls: tuple[ToolCall, ...] = ()
 
     def dumps(self) -> bytes:
+        # orjson hands back its 4 KiB write buffer as the bytes object: a blob
+        # kept for minutes would hold 4 KiB however short the answer, and the
+        # store's byte bound (which counts len()) would not bound memory.
+        # The copy is exactly as long as the blob.
+        return memoryview(self._dumps()).tobytes()
+
+    def _dumps(self) -> bytes:
         return orjson.dumps(
             {
                 "text": self.text,

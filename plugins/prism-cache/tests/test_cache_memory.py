@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import openai
@@ -325,6 +326,29 @@ async def test_the_memory_store_keeps_within_max_bytes_dropping_the_least_recent
     assert 0 < store.bytes_used <= 1024
     assert (await chat(gw, messages=asks[-1])).headers["x-prism-cache"] == "hit"
     assert (await chat(gw, messages=asks[0])).headers["x-prism-cache"] == "miss"  # pushed out
+
+
+async def test_what_the_memory_store_counts_is_what_its_entries_hold(
+    prism_gateway, prism_fake, callers
+):
+    # max_bytes bounds memory only if a kept blob holds what len() says: a
+    # serialiser that hands back its whole write buffer made each short
+    # answer hold 4 KiB (a soak grew by 137 MB under an 8 MB bound).
+    gw = await start(prism_gateway, prism_fake)
+    store = gw.gateway.current.plugin("cache.hooks").store
+    tracemalloc.start()
+    try:
+        for n in range(40):
+            await chat(gw, messages=[{"role": "user", "content": f"question {n}"}])
+        # What the cache's own code allocated and still holds: the entries.
+        held = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, "*/prism_cache/*")]
+        )
+    finally:
+        tracemalloc.stop()
+    counted = store.bytes_used
+    assert counted > 40 * 128
+    assert sum(trace.size for trace in held.traces) < 2 * counted
 
 
 async def test_a_streamed_hit_says_so_in_its_headers(prism_gateway, prism_fake, callers):
