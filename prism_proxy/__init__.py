@@ -77,6 +77,20 @@ from .orgs import OrgSetting, per_model_name, split_setting_name
 from .percentiles import percentile
 from .plugins import authenticating_plugins, declared_org_settings
 from .principals import Principals
+from .provider_plugins import (
+    CHAT_CARRIED,
+    ErrorModel,
+    HeldResponse,
+    ResponseWrapper,
+    WireErrors,
+    check_options,
+    error_model,
+    model_not_found,
+    permanent_marker,
+    provider_generation,
+    refused_credentials,
+    rejected_request,
+)
 from .providers import (
     PARAM_RULE_KEYS,
     HttpProvider,
@@ -128,9 +142,18 @@ from .settings import (
 )
 from .spend import NANOS, Pricing, Spend, SpendLedger, SpendSnapshot, SpendTotals
 from .telemetry import WORKERS_DIR_ENV, Telemetry
-from .wire import ChunkKind, Translation, Wire, Wires, wire_for
+from .wire import (
+    ChunkKind,
+    StreamTranslator,
+    StreamTranslatorBase,
+    Translation,
+    Wire,
+    Wires,
+    wire_for,
+)
 from .wire.chat_parts import (
     OPENAI_ONLY_PARAMS,
+    OPENAI_ONLY_UNSEEDED,
     ChatChunks,
     DataURL,
     MessageItems,
@@ -249,6 +272,8 @@ __all__ = [
     "Verdict",
     "Hit",
     "ChunkKind",
+    "StreamTranslator",
+    "StreamTranslatorBase",
     "Translation",
     "Wire",
     "Wires",
@@ -291,6 +316,7 @@ __all__ = [
     "LimitsView",
     # Reading OpenAI chat requests, writing chat answers (translations to other wires).
     "OPENAI_ONLY_PARAMS",
+    "OPENAI_ONLY_UNSEEDED",
     "ChatChunks",
     "DataURL",
     "MessageItems",
@@ -305,4 +331,17 @@ __all__ = [
     "text_chars",
     "tool_arguments",
     "tool_result_text",
+    # What provider plugins share: generation checks, error model, options, answers.
+    "CHAT_CARRIED",
+    "ErrorModel",
+    "HeldResponse",
+    "ResponseWrapper",
+    "WireErrors",
+    "check_options",
+    "error_model",
+    "model_not_found",
+    "permanent_marker",
+    "provider_generation",
+    "refused_credentials",
+    "rejected_request",
 ]

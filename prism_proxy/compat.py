@@ -63,9 +63,7 @@ class Prepared:
         translator: StreamTranslator = self.translation.stream(include_usage)
         if self.echo:
             # Through a chain of translators too: the caller's side takes the echo.
-            repeat = getattr(translator, "repeat", None)
-            if repeat is not None:
-                repeat(self.echo)
+            translator.repeat(self.echo)
         return translator
 
     def translate_body(self, payload: Any) -> Any:

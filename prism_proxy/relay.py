@@ -164,8 +164,10 @@ async def _relay_stream(call: Call, served: Served, stream: UpstreamStream) -> A
             _finished(served, stream), _usage_so_far(call, served, stream), err
         )
         # A translator that numbers its events (Responses) writes the end in sequence.
-        failed = getattr(stream.translator, "failed", None)
-        final = failed(err) if failed is not None else wire_for(call.endpoint).error_event(err)
+        translator = stream.translator
+        final = translator.failed(err) if translator is not None else None
+        if final is None:
+            final = wire_for(call.endpoint).error_event(err)
         return StreamAnswer(response, sent, tail, final=final, settlement=settlement)
     settlement = settlements.served(_finished(served, stream), _usage_so_far(call, served, stream))
     tail += stream.closing()

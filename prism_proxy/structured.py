@@ -10,14 +10,13 @@ never served.  A stream is therefore read whole before it is relayed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
-import attrs
 import orjson
 
 from .call import UpstreamResult
+from .provider_plugins import HeldResponse
 from .providers import UpstreamResponse
 from .wire.translate_response import structured_events, structured_message
 
@@ -27,31 +26,9 @@ __all__ = ["hold", "structured"]
 _HOLD_LIMIT = 32 * 1024 * 1024
 
 
-@attrs.define(eq=False)
-class _Held:
-    """A whole upstream stream, read and rewritten, served again from memory."""
-
-    status: int
-    headers: Mapping[str, str]
-    data: bytes
-
-    async def read(self) -> bytes:
-        return self.data
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        yield self.data
-
-    def at_eof(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-
-async def hold(response: UpstreamResponse, schema: dict[str, Any]) -> tuple[_Held, str | None]:
+async def hold(
+    response: UpstreamResponse, schema: dict[str, Any]
+) -> tuple[HeldResponse, str | None]:
     """Read a structured answer's stream whole: it may be served only once it matches.
 
     Returns the stream to serve (its answer tool made text) or, with why it
@@ -64,14 +41,18 @@ async def hold(response: UpstreamResponse, schema: dict[str, Any]) -> tuple[_Hel
             size += len(chunk)
             if size > _HOLD_LIMIT:
                 response.close()
-                return _Held(200, response.headers, b""), "structured answer too large to check"
+                return HeldResponse(
+                    200, response.headers, b""
+                ), "structured answer too large to check"
             chunks.append(chunk)
     except (aiohttp.ClientError, OSError):
         response.close()
-        return _Held(200, response.headers, b""), "the stream broke before its structured answer"
+        return HeldResponse(
+            200, response.headers, b""
+        ), "the stream broke before its structured answer"
     response.release()
     data, problem = structured_events(b"".join(chunks), schema)
-    return _Held(200, response.headers, data), problem
+    return HeldResponse(200, response.headers, data), problem
 
 
 def structured(result: UpstreamResult, schema: dict[str, Any]) -> UpstreamResult:

@@ -66,10 +66,13 @@ if TYPE_CHECKING:
 __all__ = [
     "GatewayUnderTest",
     "PluginRegistry",
+    "Sleeps",
     "StartGateway",
+    "ToolRoundTrip",
     "eventually",
     "free_port",
     "installed_plugins",
+    "openai_tool_round_trip",
     "out_of_file_handles",
     "serve_process",
 ]
@@ -173,6 +176,96 @@ async def eventually(
         await asyncio.sleep(0.002)
 
 
+class Sleeps(list[float]):
+    """An injected ``sleep`` (``prism_gateway(..., sleep=Sleeps())``): records
+    each wait and returns at once, so retry pauses are asserted, never taken."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@attrs.frozen
+class ToolRoundTrip:
+    """What :func:`openai_tool_round_trip` saw: the model's one tool call, and
+    the answer to the request that carried the tool's result back."""
+
+    call_id: str
+    name: str
+    arguments: str
+    answer: Any
+
+
+async def openai_tool_round_trip(
+    client: openai.AsyncOpenAI,
+    tool: Mapping[str, Any],
+    result: str,
+    *,
+    stream: bool,
+    prompt: str = "Weather in Paris?",
+    model: str = "m",
+) -> ToolRoundTrip:
+    """An OpenAI chat caller's tool round trip through the gateway.
+
+    The caller forces ``tool`` (``tool_choice="required"``), streamed or not,
+    and the answer must be exactly one call of it finishing with
+    ``tool_calls``; the call and ``result`` (the tool's message content) are
+    then sent back with the same tools, unstreamed.  What a translation made
+    of either request is the provider's to check, in the fake's record.
+    """
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+    tools: Any = [tool]
+    messages: list[Any] = [{"role": "user", "content": prompt}]
+    if stream:
+        chunks = [
+            chunk
+            async for chunk in await client.chat.completions.create(
+                model=model, messages=messages, tools=tools, tool_choice="required", stream=True
+            )
+        ]
+        deltas = [
+            call
+            for chunk in chunks
+            if chunk.choices
+            for call in chunk.choices[0].delta.tool_calls or ()
+        ]
+        assert deltas, "the stream carried no tool call"
+        assert {call.index for call in deltas} == {deltas[0].index}, "more than one tool call"
+        call_id, name = deltas[0].id, deltas[0].function and deltas[0].function.name
+        arguments = "".join((call.function and call.function.arguments) or "" for call in deltas)
+        finish = [
+            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+        ]
+    else:
+        completion = await client.chat.completions.create(
+            model=model, messages=messages, tools=tools, tool_choice="required"
+        )
+        made = completion.choices[0].message.tool_calls or []
+        assert len(made) == 1, made
+        [call] = made
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall), call
+        call_id, name, arguments = call.id, call.function.name, call.function.arguments
+        finish = [completion.choices[0].finish_reason]
+    assert finish == ["tool_calls"], finish
+    assert call_id and name, (call_id, name)
+    messages += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+    answer = await client.chat.completions.create(model=model, messages=messages, tools=tools)
+    return ToolRoundTrip(call_id, name, arguments, answer)
+
+
 def _lowest_free_fd() -> int:
     fd = 0
     while True:
@@ -219,7 +312,7 @@ async def serve_process(
     *,
     env: Mapping[str, str] | None = None,
     stderr: Any = asyncio.subprocess.PIPE,
-    timeout_s: float = 15.0,
+    timeout_s: float = 40.0,
     args: Sequence[str] = (),
     wrapper: Sequence[str] = (),
     cwd: Path | None = None,
@@ -229,6 +322,9 @@ async def serve_process(
     ``port`` must be the one the config listens on.  ``args`` go after
     ``--config``; ``wrapper`` is a command that execs the rest (a sandbox, say).
     The caller stops the process (SIGTERM to drain, SIGKILL to crash it).
+    ``timeout_s`` is generous: a start (imports, plugins, the state files)
+    takes well under a second alone, but 15 s and more on a machine whose
+    cores the rest of the suite keeps busy.
     """
     import aiohttp
 

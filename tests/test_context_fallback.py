@@ -14,10 +14,12 @@ import pytest
 
 #: Twelve words: more than a ``ctx5`` line takes, far less than any declared window.
 PROMPT = "one two three four five six seven eight nine ten eleven twelve"
+MESSAGES = [{"role": "user", "content": PROMPT}]
+#: A catalog line: (provider name, kind, fake upstream scenario, max_context_tokens).
+Line = tuple[str, str, str, int]
 
 
-def catalog(fake, *lines: tuple[str, str, str, int], fallback: bool = True) -> dict:
-    """lines: (provider name, kind, scenario, max_context_tokens)."""
+def catalog(fake, *lines: Line, fallback: bool = True) -> dict:
     model: dict = {
         "chain": [
             {"provider": name, "model": f"up-{name}", "max_context_tokens": size}
@@ -35,18 +37,38 @@ def catalog(fake, *lines: tuple[str, str, str, int], fallback: bool = True) -> d
     }
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-async def test_openai_refusal_moves_to_a_larger_line(prism_fake, prism_gateway, stream):
-    gw = await prism_gateway(
-        catalog(
-            prism_fake,
-            ("small", "openai", "ctx5", 100),
-            ("smaller", "openai", "cf-smaller", 50),
-            ("big", "anthropic", "cf-big", 200_000),
+@pytest.fixture
+def gateway(prism_fake, prism_gateway):
+    """Starts a gateway whose model ``m`` is a chain of ``lines`` on the fake upstream."""
+
+    async def start(*lines: Line, fallback: bool = True):
+        return await prism_gateway(catalog(prism_fake, *lines, fallback=fallback))
+
+    return start
+
+
+async def refusal(gw, client: str) -> openai.BadRequestError | anthropic.BadRequestError:
+    """The 400 a caller of ``client``'s API gets for ``PROMPT`` (its SDK retrying nothing)."""
+    if client == "openai":
+        with pytest.raises(openai.BadRequestError) as refused:
+            await gw.openai(max_retries=0).chat.completions.create(model="m", messages=MESSAGES)
+        return refused.value
+    with pytest.raises(anthropic.BadRequestError) as refused_messages:
+        await gw.anthropic(max_retries=0).messages.create(
+            model="m", max_tokens=50, messages=MESSAGES
         )
+    return refused_messages.value
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_openai_refusal_moves_to_a_larger_line(prism_fake, gateway, stream):
+    gw = await gateway(
+        ("small", "openai", "ctx5", 100),
+        ("smaller", "openai", "cf-smaller", 50),
+        ("big", "anthropic", "cf-big", 200_000),
     )
     raw = await gw.openai().chat.completions.with_raw_response.create(
-        model="m", messages=[{"role": "user", "content": PROMPT}], stream=stream
+        model="m", messages=MESSAGES, stream=stream
     )
     if stream:
         text = "".join([chunk.choices[0].delta.content or "" async for chunk in raw.parse()
@@ -65,16 +87,10 @@ async def test_openai_refusal_moves_to_a_larger_line(prism_fake, prism_gateway, 
     assert prism_fake.hits("cf-smaller") == 0
 
 
-async def test_anthropic_refusal_moves_to_a_larger_line(prism_fake, prism_gateway):
-    gw = await prism_gateway(
-        catalog(
-            prism_fake,
-            ("claude", "anthropic", "ctx6", 100),
-            ("gpt", "openai", "cf-gpt", 128_000),
-        )
-    )
+async def test_anthropic_refusal_moves_to_a_larger_line(gateway):
+    gw = await gateway(("claude", "anthropic", "ctx6", 100), ("gpt", "openai", "cf-gpt", 128_000))
     raw = await gw.anthropic().messages.with_raw_response.create(
-        model="m", max_tokens=50, messages=[{"role": "user", "content": PROMPT}]
+        model="m", max_tokens=50, messages=MESSAGES
     )
     message = await raw.parse()
     assert message.content[0].text.startswith("Hello from up-gpt")
@@ -82,58 +98,33 @@ async def test_anthropic_refusal_moves_to_a_larger_line(prism_fake, prism_gatewa
     assert raw.headers["x-prism-provider"] == "gpt"
 
 
-async def test_without_the_flag_the_refusal_is_returned_unchanged(prism_fake, prism_gateway):
-    gw = await prism_gateway(
-        catalog(
-            prism_fake,
-            ("small", "openai", "ctx4", 100),
-            ("big", "openai", "cf-off-big", 200_000),
-            fallback=False,
-        )
+async def test_without_the_flag_the_refusal_is_returned_unchanged(prism_fake, gateway):
+    gw = await gateway(
+        ("small", "openai", "ctx4", 100), ("big", "openai", "cf-off-big", 200_000), fallback=False
     )
-    with pytest.raises(openai.BadRequestError) as info:
-        await gw.openai(max_retries=0).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPT}]
-        )
-    assert info.value.code == "context_length_exceeded"
-    assert "maximum context length is 4 tokens" in info.value.message
+    refused = await refusal(gw, "openai")
+    assert refused.code == "context_length_exceeded"
+    assert "maximum context length is 4 tokens" in refused.message
     assert prism_fake.hits("cf-off-big") == 0
 
 
-async def test_no_larger_line_returns_the_refusal(prism_fake, prism_gateway):
-    gw = await prism_gateway(
-        catalog(
-            prism_fake,
-            ("claude", "anthropic", "ctx3", 100_000),
-            ("gpt", "openai", "cf-small-gpt", 8_000),
-        )
+async def test_no_larger_line_returns_the_refusal(prism_fake, gateway):
+    gw = await gateway(
+        ("claude", "anthropic", "ctx3", 100_000), ("gpt", "openai", "cf-small-gpt", 8_000)
     )
-    with pytest.raises(anthropic.BadRequestError) as info:
-        await gw.anthropic(max_retries=0).messages.create(
-            model="m", max_tokens=50, messages=[{"role": "user", "content": PROMPT}]
-        )
-    assert info.value.body["error"]["message"] == "prompt is too long: 12 tokens > 3 maximum"
-    headers = info.value.response.headers
+    refused = await refusal(gw, "anthropic")
+    assert refused.body["error"]["message"] == "prompt is too long: 12 tokens > 3 maximum"
     assert (
         "gpt/up-gpt skipped context_fallback: context 8000 not above 100000"
-        in (headers["x-prism-attempt-log"])
+        in refused.response.headers["x-prism-attempt-log"]
     )
     assert prism_fake.hits("cf-small-gpt") == 0
 
 
-async def test_other_request_errors_are_not_moved(prism_fake, prism_gateway):
+async def test_other_request_errors_are_not_moved(prism_fake, gateway):
     """Only a context-length refusal moves on: any other 400 is the caller's, returned as is."""
-    gw = await prism_gateway(
-        catalog(
-            prism_fake,
-            ("small", "openai", "err400", 100),
-            ("big", "openai", "cf-400-big", 200_000),
-        )
-    )
-    with pytest.raises(openai.BadRequestError):
-        await gw.openai(max_retries=0).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": PROMPT}]
-        )
+    gw = await gateway(("small", "openai", "err400", 100), ("big", "openai", "cf-400-big", 200_000))
+    await refusal(gw, "openai")
     assert prism_fake.hits("cf-400-big") == 0
 
 

@@ -29,6 +29,8 @@ from .translate_request import anthropic_to_openai, openai_to_anthropic
 from .translate_response import (
     AnthropicToOpenAIStream,
     OpenAIToAnthropicStream,
+    StreamTranslator,
+    StreamTranslatorBase,
     anthropic_to_openai_body,
     openai_to_anthropic_body,
 )
@@ -38,6 +40,8 @@ __all__ = [
     "OPENAI",
     "RESPONSES",
     "ChunkKind",
+    "StreamTranslator",
+    "StreamTranslatorBase",
     "Translation",
     "Wire",
     "Wires",
@@ -341,10 +345,10 @@ def through(into: Translation, onto: Translation, pivot: Wire) -> Translation:
     )
 
 
-class ChainedStream:
+class ChainedStream(StreamTranslatorBase):
     """Two stream translators in a row: the first's events are read as the pivot wire's."""
 
-    def __init__(self, first: Any, second: Any, pivot: Wire) -> None:
+    def __init__(self, first: StreamTranslator, second: StreamTranslator, pivot: Wire) -> None:
         self.first = first
         self.second = second
         self.pivot = pivot
@@ -369,9 +373,15 @@ class ChainedStream:
             out.extend(self.second.convert(kind, payload))
         return out
 
+    # The caller's side is the second translator's: what the answer repeats,
+    # how a broken stream ends, and what it offers besides (``final``).
+    def repeat(self, echo: Mapping[str, Any]) -> None:
+        self.second.repeat(echo)
+
+    def failed(self, err: PrismError) -> bytes | None:
+        return self.second.failed(err)
+
     def __getattr__(self, name: str) -> Any:
-        # What the caller's side offers beyond convert/finish (a Responses
-        # translator's ``failed`` and ``final``) is the second translator's.
         if name in ("first", "second", "pivot"):
             raise AttributeError(name)
         return getattr(self.second, name)

@@ -28,7 +28,9 @@ from ..call import Usage
 from .shape import MAX_DEPTH, deeper_than
 
 __all__ = [
+    "CHAT_CARRIED",
     "OPENAI_ONLY_PARAMS",
+    "OPENAI_ONLY_UNSEEDED",
     "ChatChunks",
     "DataURL",
     "Untranslatable",
@@ -68,6 +70,37 @@ OPENAI_ONLY_PARAMS: Mapping[str, str] = MappingProxyType(
         "reasoning_effort": "reasoning_effort",
         "n": "n > 1",
         "modalities": "audio output",
+    }
+)
+#: ``OPENAI_ONLY_PARAMS`` for an API with no seed and no penalties either
+#: (Anthropic's Messages, Bedrock's Converse).
+OPENAI_ONLY_UNSEEDED: Mapping[str, str] = MappingProxyType(
+    {
+        **OPENAI_ONLY_PARAMS,
+        "seed": "seed",
+        "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty",
+    }
+)
+#: The OpenAI chat parameters every translation of a chat request to another
+#: API carries over: the request itself, its length and sampling, tools and
+#: structured output.  A translation adds what its API has besides (a seed,
+#: penalties); ``check_chat_params`` drops the rest, or refuses what changes
+#: the answer.
+CHAT_CARRIED = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "response_format",
     }
 )
 

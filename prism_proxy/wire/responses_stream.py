@@ -28,7 +28,7 @@ from ..call import Usage
 from ..errors import PrismError
 from .events import ChunkKind
 from .responses import error_payload, repeated
-from .translate_response import anthropic_to_openai_body
+from .translate_response import StreamTranslatorBase, anthropic_to_openai_body
 
 __all__ = [
     "AnthropicToResponsesStream",
@@ -163,7 +163,7 @@ def _event(payload: dict[str, Any]) -> bytes:
     )
 
 
-class ResponsesStream:
+class ResponsesStream(StreamTranslatorBase):
     """The Responses events of one answer, built from what a line streams.
 
     Subclasses read their wire's events and call :meth:`text`,
@@ -418,7 +418,7 @@ def native_body(payload: dict[str, Any], usage: Usage | None) -> dict[str, Any]:
 _LAST = frozenset({"response.completed", "response.incomplete"})
 
 
-class NativeResponsesStream:
+class NativeResponsesStream(StreamTranslatorBase):
     """A native line's Responses events, passed on as they come.
 
     Each Response in them gets the gateway's own id and the request's

@@ -19,7 +19,8 @@ from typing import Any
 import jsonschema
 
 from .chat_parts import (
-    OPENAI_ONLY_PARAMS,
+    CHAT_CARRIED,
+    OPENAI_ONLY_UNSEEDED,
     Untranslatable,
     chat_tool_call,
     chat_turns,
@@ -42,32 +43,11 @@ _ANSWER_DESCRIPTION = (
 _STRUCTURED = ("json_object", "json_schema")
 
 # OpenAI parameters with no Anthropic equivalent that change the answer.
-_OPENAI_ONLY = {
-    **OPENAI_ONLY_PARAMS,
-    "seed": "seed",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
-# OpenAI parameters the translation carries over (or checks and refuses below).
-_OPENAI_CARRIED = frozenset(
-    {
-        "model",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "stream",
-        "user",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "response_format",
-        # Usage always comes with an Anthropic stream: include_usage is honoured.
-        "stream_options",
-    }
-)
+_OPENAI_ONLY = OPENAI_ONLY_UNSEEDED
+# OpenAI parameters the translation carries over (or checks and refuses
+# below); usage always comes with an Anthropic stream, so include_usage
+# (``stream_options``) is honoured.
+_OPENAI_CARRIED = CHAT_CARRIED | {"user", "parallel_tool_calls"}
 # Anthropic parameters the translation carries over (or refuses).
 _ANTHROPIC_HANDLED = frozenset(
     {

@@ -13,6 +13,7 @@ import jsonschema
 import orjson
 
 from ..call import Usage
+from ..errors import PrismError
 from ..sse import SSEBuffer, event_data
 from .anthropic import sse
 from .chat_parts import ChatChunks, chat_completion, chat_tool_call
@@ -23,6 +24,7 @@ __all__ = [
     "AnthropicToOpenAIStream",
     "OpenAIToAnthropicStream",
     "StreamTranslator",
+    "StreamTranslatorBase",
     "anthropic_to_openai_body",
     "answer_schema",
     "openai_to_anthropic_body",
@@ -48,11 +50,37 @@ _TO_OPENAI_FINISH = {
 
 
 class StreamTranslator(Protocol):
+    """Turns one upstream stream into the caller's wire, event by event.
+
+    A translator subclasses :class:`StreamTranslatorBase` for the defaults of
+    ``repeat`` and ``failed``, which the relay calls once per stream at most.
+    """
+
     def convert(self, kind: ChunkKind, payload: Any) -> list[bytes]:
         """Client-format events for one upstream event."""
 
     def finish(self, usage: Usage | None) -> list[bytes]:
         """Client-format events due when the upstream stream ended well (before the final one)."""
+
+    def repeat(self, echo: Mapping[str, Any]) -> None:
+        """Take the request's parameters the caller's wire repeats in answers (``Wire.echo``)."""
+
+    def failed(self, err: PrismError) -> bytes | None:
+        """The end of a stream that broke after its commit point (None: the wire's error event)."""
+
+
+class StreamTranslatorBase:
+    """The defaults of :class:`StreamTranslator`: a wire with nothing to
+    repeat, whose broken stream ends with the wire's own error event."""
+
+    __slots__ = ()
+
+    def repeat(self, echo: Mapping[str, Any]) -> None:
+        return None
+
+    def failed(self, err: PrismError) -> bytes | None:
+        # Only a wire whose events are numbered (Responses) ends in sequence.
+        return None
 
 
 def _anthropic_usage(usage: Usage | None) -> dict[str, int]:
@@ -124,7 +152,7 @@ def anthropic_to_openai_body(payload: dict[str, Any], usage: Usage | None) -> di
     )
 
 
-class OpenAIToAnthropicStream:
+class OpenAIToAnthropicStream(StreamTranslatorBase):
     """OpenAI chunks in, Anthropic stream events out."""
 
     def __init__(self) -> None:
@@ -230,7 +258,7 @@ class OpenAIToAnthropicStream:
         return out
 
 
-class AnthropicToOpenAIStream:
+class AnthropicToOpenAIStream(StreamTranslatorBase):
     """Anthropic stream events in, OpenAI chunks out."""
 
     def __init__(self, *, include_usage: bool) -> None:

@@ -13,14 +13,15 @@ from prism_proxy import (
     Outcome,
     UpstreamResult,
     Verdict,
-    find_permanent_marker,
-    marker_code,
+    error_model,
+    model_not_found,
     parse_retry_after,
+    permanent_marker,
+    refused_credentials,
+    rejected_request,
 )
 
-_AUTH = "upstream_auth_failed"
 _QUOTA = "upstream_quota_exhausted"
-_NOT_FOUND = "upstream_model_not_found"
 
 
 def _error_type(payload: Any) -> str | None:
@@ -46,12 +47,11 @@ def _empty(payload: Any) -> bool:
     return False
 
 
+@error_model
 def classify_anthropic(
-    result: UpstreamResult, extra_markers: tuple[str, ...] = ()
+    result: UpstreamResult, extra_markers: tuple[str, ...] = (), /
 ) -> Verdict | None:
     """A verdict for an Anthropic upstream result, or None to let the default decide."""
-    if result.status is None or result.timed_out or result.error is not None:
-        return None  # no answer to read: cancellation, timeout, a broken connection
     payload = result.json
     error_type = _error_type(payload)
     if result.status == 200 and error_type is None:
@@ -62,26 +62,24 @@ def classify_anthropic(
         if _empty(payload):
             return Verdict(Outcome.EMPTY, "empty content, stop_reason max_tokens")
         return Verdict(Outcome.OK)
-    marker = find_permanent_marker(result.text_lower, extra_markers)
-    if marker is not None:
-        return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))
+    marked = permanent_marker(result, extra_markers)
+    if marked is not None:
+        return marked
     retry_after = parse_retry_after(result.headers)
     if error_type == "overloaded_error" or result.status == 529:
         return Verdict(Outcome.TRANSIENT, "overloaded", retry_after)
     if error_type == "rate_limit_error" or result.status == 429:
         return Verdict(Outcome.RATE_LIMITED, "rate limited", retry_after)
     if error_type in ("authentication_error", "permission_error") or result.status in (401, 403):
-        return Verdict(
-            Outcome.PERMANENT, f"upstream refused credentials ({result.status})", code=_AUTH
-        )
+        return refused_credentials(result.status)
     if error_type == "billing_error" or result.status == 402:
         return Verdict(Outcome.PERMANENT, "billing error", code=_QUOTA)
     if error_type == "not_found_error" or result.status == 404:
-        return Verdict(Outcome.PERMANENT, "upstream model not found", code=_NOT_FOUND)
+        return model_not_found()
     if error_type in ("invalid_request_error", "request_too_large") or result.status in (
         400,
         413,
         422,
     ):
-        return Verdict(Outcome.REQUEST_ERROR, f"upstream rejected the request ({result.status})")
+        return rejected_request(result.status)
     return Verdict(Outcome.TRANSIENT, f"upstream {error_type or result.status}", retry_after)

@@ -6,15 +6,12 @@ from collections.abc import Mapping
 
 from prism_proxy import (
     PARAM_RULE_KEYS,
-    Attempt,
-    Call,
     CatalogKeys,
     Generation,
     ProviderFactory,
-    UpstreamResult,
-    Verdict,
-    check_param_rules,
+    WireErrors,
     hookimpl,
+    provider_generation,
 )
 
 from .classify import classify_anthropic
@@ -35,26 +32,6 @@ def prism_catalog_keys() -> CatalogKeys:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
-    # Options live on the catalog's provider tables: a [prism:anthropic] key would be ignored.
-    generation.config.section(PLUGIN_NAME).check_keys(())
-    check_param_rules(
-        generation.catalog, "anthropic", generation.param_profiles, generation.added_lines()
+    provider_generation(
+        generation, PLUGIN_NAME, ("anthropic",), WireErrors("anthropic", classify_anthropic)
     )
-    generation.register(
-        AnthropicErrors(generation.config.permanent_markers), f"{PLUGIN_NAME}.errors"
-    )
-
-
-class AnthropicErrors:
-    """Anthropic's error model, with one generation's extra permanent markers."""
-
-    def __init__(self, markers: tuple[str, ...]) -> None:
-        self.markers = markers
-
-    @hookimpl(tryfirst=True)
-    def prism_classify(
-        self, call: Call, attempt: Attempt, result: UpstreamResult
-    ) -> Verdict | None:
-        if result.wire != "anthropic":
-            return None
-        return classify_anthropic(result, self.markers)

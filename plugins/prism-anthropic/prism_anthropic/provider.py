@@ -14,6 +14,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
+    check_options,
 )
 
 _OPTIONS = frozenset(
@@ -42,10 +43,7 @@ class AnthropicProvider(HttpProvider):
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
-        for key in spec.options:
-            if key not in _OPTIONS and key not in self.COMMON_OPTIONS:
-                known = ", ".join(sorted(_OPTIONS | self.COMMON_OPTIONS))
-                raise spec.error(key, f"unknown option for kind 'anthropic' (known: {known})")
+        check_options(spec, "anthropic", _OPTIONS)
         base_url = spec.options.get("base_url", DEFAULT_BASE_URL)
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise spec.error("base_url", f"expected an http(s) URL, got {base_url!r}")

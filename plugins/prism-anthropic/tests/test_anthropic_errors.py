@@ -19,6 +19,7 @@ from prism_anthropic import classify_anthropic
 from prism_fake_upstream import Fault
 
 from prism_proxy import Outcome, UpstreamResult
+from prism_proxy.testing import Sleeps
 
 PLUGINS = ["anthropic"]
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -34,13 +35,6 @@ def error(kind: str, message: str = "boom") -> dict[str, Any]:
 
 
 CREDIT_BODY = error("invalid_request_error", CREDIT_MESSAGE)
-
-
-class Sleeps(list[float]):
-    """An injected ``sleep``: records each wait, returns at once."""
-
-    async def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from prism_proxy import Outcome, UpstreamResult, Verdict, content_filtered, parse_retry_after
+from prism_proxy import (
+    Outcome,
+    UpstreamResult,
+    Verdict,
+    content_filtered,
+    error_model,
+    model_not_found,
+    parse_retry_after,
+)
 
 __all__ = ["classify_azure"]
 
-_NOT_FOUND = "upstream_model_not_found"
 #: At most this many filtered category names in a verdict's reason.
 _MAX_CATEGORIES = 4
 
@@ -42,10 +49,14 @@ def _filtered_categories(inner: Any) -> list[str]:
     return names[:_MAX_CATEGORIES]
 
 
-def classify_azure(result: UpstreamResult) -> Verdict | None:
-    """A verdict for an Azure OpenAI answer, or None to let the default decide."""
-    if result.status is None or result.timed_out or result.error is not None:
-        return None
+@error_model
+def classify_azure(
+    result: UpstreamResult, extra_markers: tuple[str, ...] = (), /
+) -> Verdict | None:
+    """A verdict for an Azure OpenAI answer, or None to let the default decide.
+
+    The permanent markers are left to the default, which reads OpenAI's bodies.
+    """
     status = result.status
     if status == 200:
         return None  # answers (and a content-filtered finish) are the core's to judge
@@ -58,7 +69,7 @@ def classify_azure(result: UpstreamResult) -> Verdict | None:
         said = f" ({', '.join(categories)})" if categories else ""
         return content_filtered(f"Azure content filter refused the prompt{said}")
     if status == 404 and code == "DeploymentNotFound":
-        return Verdict(Outcome.PERMANENT, "deployment not found", code=_NOT_FOUND)
+        return model_not_found("deployment not found")
     if status == 429:
         return Verdict(Outcome.RATE_LIMITED, "rate limited", parse_retry_after(result.headers))
     return None

@@ -17,6 +17,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
+    check_options,
 )
 
 from .entra import EntraTokens, TokenSource
@@ -57,10 +58,7 @@ class AzureOpenAIProvider(HttpProvider):
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
-        for key in spec.options:
-            if key not in _OPTIONS and key not in self.COMMON_OPTIONS:
-                known = ", ".join(sorted(_OPTIONS | self.COMMON_OPTIONS))
-                raise spec.error(key, f"unknown option for kind '{KIND}' (known: {known})")
+        check_options(spec, KIND, _OPTIONS)
         base_url = spec.options.get("base_url")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise spec.error(

@@ -16,18 +16,19 @@ from prism_proxy import (
     UpstreamResult,
     Verdict,
     content_filtered,
-    find_permanent_marker,
-    marker_code,
+    error_model,
+    model_not_found,
     parse_retry_after,
+    permanent_marker,
+    refused_credentials,
+    rejected_request,
 )
 
 from .wire import FILTERED, event_name
 
 __all__ = ["classify_bedrock", "error_type"]
 
-_AUTH = "upstream_auth_failed"
 _QUOTA = "upstream_quota_exhausted"
-_NOT_FOUND = "upstream_model_not_found"
 
 #: Refused credentials or signatures: a broken line, never the caller's fault.
 _AUTH_ERRORS = frozenset(
@@ -99,10 +100,11 @@ def _stop_reason(payload: Any) -> str | None:
     return reason if isinstance(reason, str) else None
 
 
-def classify_bedrock(result: UpstreamResult, extra_markers: tuple[str, ...] = ()) -> Verdict | None:
+@error_model
+def classify_bedrock(
+    result: UpstreamResult, extra_markers: tuple[str, ...] = (), /
+) -> Verdict | None:
     """A verdict for a Bedrock upstream result, or None to let the default decide."""
-    if result.status is None or result.timed_out or result.error is not None:
-        return None  # no answer to read: cancellation, timeout, a broken connection
     kind = error_type(result)
     if result.status == 200 and kind is None:
         if result.stream_broken:
@@ -122,16 +124,14 @@ def classify_bedrock(result: UpstreamResult, extra_markers: tuple[str, ...] = ()
     if kind == "servicequotaexceededexception":
         return Verdict(Outcome.PERMANENT, "service quota exceeded", code=_QUOTA)
     if kind in _AUTH_ERRORS or (kind is None and result.status in (401, 403)):
-        return Verdict(
-            Outcome.PERMANENT, f"upstream refused credentials ({kind or result.status})", code=_AUTH
-        )
+        return refused_credentials(kind or result.status)
     if kind == "resourcenotfoundexception" or (kind is None and result.status == 404):
-        return Verdict(Outcome.PERMANENT, "upstream model not found", code=_NOT_FOUND)
+        return model_not_found()
     if kind in _TRANSIENT:
         return Verdict(Outcome.TRANSIENT, f"upstream {kind}", retry_after)
-    marker = find_permanent_marker(result.text_lower, extra_markers)
-    if marker is not None:
-        return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))
+    marked = permanent_marker(result, extra_markers)
+    if marked is not None:
+        return marked
     if kind == "validationexception" or (kind is None and result.status in (400, 413, 422)):
-        return Verdict(Outcome.REQUEST_ERROR, f"upstream rejected the request ({result.status})")
+        return rejected_request(result.status)
     return Verdict(Outcome.TRANSIENT, f"upstream {kind or result.status}", retry_after)

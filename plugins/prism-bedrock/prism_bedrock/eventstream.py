@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 from botocore.eventstream import EventStreamBuffer, EventStreamMessage, ParserError
 
-from prism_proxy import UpstreamResponse
+from prism_proxy import ResponseWrapper, UpstreamResponse
 
 __all__ = ["ConverseResponse", "EVENT_STREAM", "message_event"]
 
@@ -60,17 +60,15 @@ def message_event(message: EventStreamMessage, model: str | None = None) -> byte
     return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
 
 
-class ConverseResponse:
-    """The upstream's answer, its event stream read as SSE events (the UpstreamResponse contract).
+class ConverseResponse(ResponseWrapper):
+    """The upstream's answer, its event stream read as SSE events.
 
     ``read()`` gives the body as it is (a whole Converse answer, or an
     error's JSON), the model called named in a 200 answer's ``modelId``.
     """
 
     def __init__(self, response: UpstreamResponse, model: str) -> None:
-        self.response = response
-        self.status = response.status
-        self.headers: Mapping[str, str] = response.headers
+        super().__init__(response)
         self.model = model
 
     async def read(self) -> bytes:
@@ -101,12 +99,3 @@ class ConverseResponse:
                 ) from None
             if out:
                 yield b"".join(out)
-
-    def at_eof(self) -> bool:
-        return self.response.at_eof()
-
-    def close(self) -> None:
-        self.response.close()
-
-    def release(self) -> None:
-        self.response.release()

@@ -6,17 +6,14 @@ from collections.abc import Mapping
 
 from prism_proxy import (
     PARAM_RULE_KEYS,
-    Attempt,
-    Call,
     CatalogKeys,
     Generation,
     ProviderFactory,
     Translation,
-    UpstreamResult,
-    Verdict,
     Wire,
-    check_param_rules,
+    WireErrors,
     hookimpl,
+    provider_generation,
 )
 
 from .classify import classify_bedrock
@@ -45,24 +42,6 @@ def prism_catalog_keys() -> CatalogKeys:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
-    # Options live on the catalog's provider tables: a [prism:bedrock] key would be ignored.
-    generation.config.section(PLUGIN_NAME).check_keys(())
-    check_param_rules(
-        generation.catalog, "bedrock", generation.param_profiles, generation.added_lines()
+    provider_generation(
+        generation, PLUGIN_NAME, ("bedrock",), WireErrors("bedrock", classify_bedrock)
     )
-    generation.register(BedrockErrors(generation.config.permanent_markers), f"{PLUGIN_NAME}.errors")
-
-
-class BedrockErrors:
-    """Bedrock's error model, with one generation's extra permanent markers."""
-
-    def __init__(self, markers: tuple[str, ...]) -> None:
-        self.markers = markers
-
-    @hookimpl(tryfirst=True)
-    def prism_classify(
-        self, call: Call, attempt: Attempt, result: UpstreamResult
-    ) -> Verdict | None:
-        if result.wire != "bedrock":
-            return None
-        return classify_bedrock(result, self.markers)

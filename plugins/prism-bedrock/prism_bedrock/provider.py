@@ -31,6 +31,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
+    check_options,
 )
 
 from .eventstream import EVENT_STREAM, ConverseResponse
@@ -59,10 +60,7 @@ class BedrockProvider(HttpProvider):
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
-        for key in spec.options:
-            if key not in _OPTIONS and key not in self.COMMON_OPTIONS:
-                known = ", ".join(sorted(_OPTIONS | self.COMMON_OPTIONS))
-                raise spec.error(key, f"unknown option for kind 'bedrock' (known: {known})")
+        check_options(spec, "bedrock", _OPTIONS)
         # The provider table's ``region`` is the core's (where the upstream serves
         # from, checked there): for Bedrock it is also the region requests are signed for.
         if spec.region is None:

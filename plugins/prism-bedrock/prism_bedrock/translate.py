@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from prism_proxy import (
-    OPENAI_ONLY_PARAMS,
+    CHAT_CARRIED,
+    OPENAI_ONLY_UNSEEDED,
     ChatChunks,
     ChunkKind,
     Endpoint,
+    StreamTranslatorBase,
     Translation,
     Untranslatable,
     Usage,
@@ -34,29 +36,6 @@ from .wire import event_name
 
 __all__ = ["FROM_OPENAI", "ConverseToChatStream", "chat_to_converse", "converse_to_chat_body"]
 
-_UNSUPPORTED = {
-    **OPENAI_ONLY_PARAMS,
-    "seed": "seed",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-}
-#: OpenAI chat parameters Converse carries over (the rest are refused or dropped).
-_CARRIED = frozenset(
-    {
-        "model",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "stream",
-        "stream_options",
-        "tools",
-        "tool_choice",
-        "response_format",
-    }
-)
 #: Image formats Converse takes, by media type.
 _IMAGE_FORMATS = {
     "image/png": "png",
@@ -172,7 +151,7 @@ def _tool_config(
 
 def chat_to_converse(body: dict[str, Any], provider: Any) -> tuple[dict[str, Any], list[str]]:
     """A chat completions request as a Converse request (``stream`` kept as the send mode)."""
-    dropped = check_chat_params(body, unsupported=_UNSUPPORTED, carried=_CARRIED)
+    dropped = check_chat_params(body, unsupported=OPENAI_ONLY_UNSEEDED, carried=CHAT_CARRIED)
     response_format = body.get("response_format")
     if response_format and response_format.get("type") not in (None, "text"):
         raise Untranslatable(f"response_format {response_format.get('type')}")
@@ -237,7 +216,7 @@ def converse_to_chat_body(payload: dict[str, Any], usage: Usage | None) -> dict[
     )
 
 
-class ConverseToChatStream:
+class ConverseToChatStream(StreamTranslatorBase):
     """ConverseStream events in, OpenAI chat chunks out."""
 
     def __init__(self, *, include_usage: bool) -> None:

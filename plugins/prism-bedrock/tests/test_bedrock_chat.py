@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 
 from prism_fake_upstream import Fault
 
-PLUGINS = ["bedrock"]
-MODEL_ID = "anthropic.claude-3-5-sonnet-20240620-v1:0"
-ANSWER = f"Hello from {MODEL_ID}. This is the fake upstream answering."
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from prism_proxy.testing import openai_tool_round_trip
+
+from .bedrock_support import ANSWER, MODEL_ID, PLUGINS, WEATHER_TOOL
 
 
 async def test_a_chat_completion_is_a_signed_converse_call(prism_fake, prism_gateway, catalog):
@@ -143,64 +130,13 @@ async def test_an_image_by_url_skips_the_line_saying_why(prism_fake, prism_gatew
     assert prism_fake.requests("ok") == []
 
 
-async def _tool_round_trip(gw: Any, stream: bool) -> tuple[str, str, Any]:
-    sdk = gw.openai()
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
-    if stream:
-        chunks = [
-            c
-            async for c in await sdk.chat.completions.create(
-                model="m",
-                messages=messages,
-                tools=[WEATHER_TOOL],
-                tool_choice="required",
-                stream=True,
-            )
-        ]
-        calls = [
-            c.choices[0].delta.tool_calls
-            for c in chunks
-            if c.choices and c.choices[0].delta.tool_calls
-        ]
-        call_id = calls[0][0].id
-        name = calls[0][0].function.name
-        arguments = "".join(call[0].function.arguments or "" for call in calls)
-        finish = [
-            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
-        ]
-    else:
-        completion = await sdk.chat.completions.create(
-            model="m", messages=messages, tools=[WEATHER_TOOL], tool_choice="required"
-        )
-        [call] = completion.choices[0].message.tool_calls
-        call_id, name, arguments = call.id, call.function.name, call.function.arguments
-        finish = [completion.choices[0].finish_reason]
-    assert finish == ["tool_calls"]
-    assert name == "get_weather"
-    assert json.loads(arguments) == {"city": "Paris"}
-    messages += [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 C"},
-    ]
-    answer = await sdk.chat.completions.create(model="m", messages=messages, tools=[WEATHER_TOOL])
-    return call_id, answer.choices[0].message.content, answer
-
-
 async def test_tools_and_a_tool_result_round_trip(prism_fake, prism_gateway, catalog):
     gw = await prism_gateway(catalog(("ok", MODEL_ID)), load_plugins=PLUGINS)
     for stream in (False, True):
-        call_id, text, _ = await _tool_round_trip(gw, stream)
-        assert text == "The tool said: Sunny, 21 C"
+        trip = await openai_tool_round_trip(gw.openai(), WEATHER_TOOL, "Sunny, 21 C", stream=stream)
+        assert trip.answer.choices[0].message.content == "The tool said: Sunny, 21 C"
+        assert (trip.name, json.loads(trip.arguments)) == ("get_weather", {"city": "Paris"})
+        call_id = trip.call_id
     first, second = prism_fake.requests("ok")[-2:]
     assert first.body["toolConfig"] == {
         "tools": [

@@ -19,7 +19,8 @@ from prism_fake_upstream.bedrock_wire import (
 
 from prism_proxy import ConfigError
 
-PLUGINS = ["bedrock"]
+from .bedrock_support import PLUGINS
+
 ARN = (
     "arn:aws:bedrock:us-east-1:123456789012:inference-profile/"
     "us.anthropic.claude-3-haiku-20240307-v1:0"

@@ -15,14 +15,9 @@ from prism_bedrock import classify_bedrock
 from prism_fake_upstream import Fault
 
 from prism_proxy import Outcome, UpstreamResult
+from prism_proxy.testing import Sleeps
 
-PLUGINS = ["bedrock"]
-MESSAGES = [{"role": "user", "content": "Hello"}]
-
-
-class Sleeps(list[float]):
-    async def __call__(self, seconds: float) -> None:
-        self.append(seconds)
+from .bedrock_support import MESSAGES, PLUGINS
 
 
 @pytest.fixture

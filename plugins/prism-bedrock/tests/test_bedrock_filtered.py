@@ -9,8 +9,7 @@ import pytest
 
 from prism_proxy import hookimpl
 
-PLUGINS = ["bedrock"]
-MESSAGES = [{"role": "user", "content": "Hello"}]
+from .bedrock_support import MESSAGES, PLUGINS
 
 
 @pytest.mark.parametrize("scenario", ["guardrail", "contentfiltered"])

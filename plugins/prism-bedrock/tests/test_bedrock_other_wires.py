@@ -10,17 +10,13 @@ import json
 
 from prism_fake_upstream import Fault
 
-PLUGINS = ["bedrock"]
-MODEL_ID = "anthropic.claude-3-5-sonnet-20240620-v1:0"
-ANSWER = f"Hello from {MODEL_ID}. This is the fake upstream answering."
+from .bedrock_support import ANSWER, MODEL_ID, PLUGINS, WEATHER_TOOL
+
+#: ``WEATHER_TOOL`` as Anthropic's Messages API declares it.
 WEATHER = {
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
+    "name": WEATHER_TOOL["function"]["name"],
+    "description": WEATHER_TOOL["function"]["description"],
+    "input_schema": WEATHER_TOOL["function"]["parameters"],
 }
 
 

@@ -7,7 +7,14 @@ import os
 import struct
 from typing import Any
 
-from prism_proxy import ChatChunks, ChunkKind, Usage, chat_completion, chat_tool_call
+from prism_proxy import (
+    ChatChunks,
+    ChunkKind,
+    StreamTranslatorBase,
+    Usage,
+    chat_completion,
+    chat_tool_call,
+)
 
 from .translate import signed_id
 from .wire import FILTERED, PROMPT_BLOCKED, finish_reason, parts_of
@@ -59,7 +66,7 @@ def gemini_to_openai_body(payload: dict[str, Any], usage: Usage | None) -> dict[
     )
 
 
-class GeminiToOpenAIStream:
+class GeminiToOpenAIStream(StreamTranslatorBase):
     """Gemini stream chunks in, OpenAI chat chunks out."""
 
     def __init__(self, *, include_usage: bool) -> None:

@@ -16,9 +16,12 @@ from prism_proxy import (
     Outcome,
     UpstreamResult,
     Verdict,
-    find_permanent_marker,
-    marker_code,
+    error_model,
+    model_not_found,
     parse_retry_after,
+    permanent_marker,
+    refused_credentials,
+    rejected_request,
 )
 
 from .wire import finish_reason, parts_of
@@ -27,7 +30,6 @@ __all__ = ["classify_gemini"]
 
 _AUTH = "upstream_auth_failed"
 _QUOTA = "upstream_quota_exhausted"
-_NOT_FOUND = "upstream_model_not_found"
 _TYPE = "type.googleapis.com/google.rpc."
 #: Words in a quota's id or the message that mean a quota no retry will outlast today.
 _SPENT = ("perday", "per_day", "per day", "daily", "billing")
@@ -105,10 +107,11 @@ def _empty(payload: Any) -> bool:
     )
 
 
-def classify_gemini(result: UpstreamResult, extra_markers: tuple[str, ...] = ()) -> Verdict | None:
+@error_model
+def classify_gemini(
+    result: UpstreamResult, extra_markers: tuple[str, ...] = (), /
+) -> Verdict | None:
     """A verdict for a Gemini or Vertex result, or None to let the default decide."""
-    if result.status is None or result.timed_out or result.error is not None:
-        return None  # nothing to read: a timeout, a broken connection
     error = _error(result.json)
     if result.status == 200 and error is None:
         if result.stream_broken:
@@ -125,30 +128,24 @@ def classify_gemini(result: UpstreamResult, extra_markers: tuple[str, ...] = ())
         if error is not None and _quota_spent(error):
             return Verdict(Outcome.PERMANENT, "quota exhausted", code=_QUOTA)
         return Verdict(Outcome.RATE_LIMITED, "rate limited", retry_after)
-    marker = find_permanent_marker(result.text_lower, extra_markers)
-    if marker is not None:
-        return Verdict(Outcome.PERMANENT, f"marker: {marker}", code=marker_code(marker))
+    marked = permanent_marker(result, extra_markers)
+    if marked is not None:
+        return marked
     if status in ("UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "ABORTED") or (
-        result.status >= 500
+        result.status is not None and result.status >= 500
     ):
         return Verdict(Outcome.TRANSIENT, f"upstream {status or result.status}", retry_after)
     if error is not None and _bad_key(error):
         return Verdict(Outcome.PERMANENT, "upstream refused the API key", code=_AUTH)
     if status in ("UNAUTHENTICATED", "PERMISSION_DENIED") or result.status in (401, 403):
-        return Verdict(
-            Outcome.PERMANENT,
-            f"upstream refused credentials ({status or result.status})",
-            code=_AUTH,
-        )
+        return refused_credentials(status or result.status)
     if status == "NOT_FOUND" or result.status == 404:
-        return Verdict(Outcome.PERMANENT, "upstream model not found", code=_NOT_FOUND)
+        return model_not_found()
     if status == "FAILED_PRECONDITION":
         # The account, not the call: billing not enabled, a region the API does not serve.
         return Verdict(Outcome.PERMANENT, "upstream account cannot serve this", code=_QUOTA)
     if status in ("INVALID_ARGUMENT", "OUT_OF_RANGE") or result.status in (400, 413):
-        return Verdict(
-            Outcome.REQUEST_ERROR, f"upstream rejected the request ({status or result.status})"
-        )
+        return rejected_request(status or result.status)
     if result.status == 200:
         # An error event inside a stream, before its first content.
         return Verdict(

@@ -7,19 +7,16 @@ from typing import Any
 
 from prism_proxy import (
     PARAM_RULE_KEYS,
-    Attempt,
-    Call,
     CatalogKeys,
     Endpoint,
     Generation,
     ProviderFactory,
     Translation,
-    UpstreamResult,
     Usage,
-    Verdict,
     Wire,
-    check_param_rules,
+    WireErrors,
     hookimpl,
+    provider_generation,
 )
 
 from .answers import GeminiToOpenAIStream, embeddings_body, gemini_to_openai_body
@@ -71,13 +68,7 @@ def prism_catalog_keys() -> CatalogKeys:
 
 @hookimpl
 def prism_generation(generation: Generation) -> None:
-    # Options live on the catalog's provider tables: a [prism:gemini] key would be ignored.
-    generation.config.section(PLUGIN_NAME).check_keys(())
-    for kind in KINDS:
-        check_param_rules(
-            generation.catalog, kind, generation.param_profiles, generation.added_lines()
-        )
-    generation.register(GeminiErrors(generation.config.permanent_markers), f"{PLUGIN_NAME}.errors")
+    provider_generation(generation, PLUGIN_NAME, KINDS, WireErrors("gemini", classify_gemini))
 
     async def clocks() -> AsyncIterator[None]:
         # Providers are built after this hook: token lifetimes keep the generation's
@@ -88,18 +79,3 @@ def prism_generation(generation: Generation) -> None:
         yield
 
     generation.cleanup_ctx.append(clocks)
-
-
-class GeminiErrors:
-    """Google's error model, with one generation's extra permanent markers."""
-
-    def __init__(self, markers: tuple[str, ...]) -> None:
-        self.markers = markers
-
-    @hookimpl(tryfirst=True)
-    def prism_classify(
-        self, call: Call, attempt: Attempt, result: UpstreamResult
-    ) -> Verdict | None:
-        if result.wire != "gemini":
-            return None
-        return classify_gemini(result, self.markers)

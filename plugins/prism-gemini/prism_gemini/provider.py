@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import orjson
@@ -12,9 +12,12 @@ from prism_proxy import (
     Binding,
     Call,
     Endpoint,
+    HeldResponse,
     HttpProvider,
     ProviderSpec,
+    ResponseWrapper,
     UpstreamResponse,
+    check_options,
 )
 
 from .answers import BASE64_MARK
@@ -27,13 +30,8 @@ _GEMINI_OPTIONS = frozenset({"base_url", "api_key_env", "headers"})
 _VERTEX_OPTIONS = frozenset({"base_url", "project", "location", "credentials_file", "headers"})
 
 
-class _Marked:
+class _Marked(ResponseWrapper):
     """An embeddings answer, marked for base64 encoding when the caller asked for it."""
-
-    def __init__(self, response: UpstreamResponse) -> None:
-        self.response = response
-        self.status = response.status
-        self.headers = response.headers
 
     async def read(self) -> bytes:
         raw = await self.response.read()
@@ -48,43 +46,11 @@ class _Marked:
         payload[BASE64_MARK] = "base64"
         return orjson.dumps(payload)
 
-    def iter_chunks(self) -> AsyncIterator[bytes]:
-        return self.response.iter_chunks()
 
-    def at_eof(self) -> bool:
-        return self.response.at_eof()
-
-    def close(self) -> None:
-        self.response.close()
-
-    def release(self) -> None:
-        self.response.release()
-
-
-class _Refused:
+def _refused(message: str) -> HeldResponse:
     """The token endpoint refused the credentials: answered as Google's 401."""
-
-    status = 401
-
-    def __init__(self, message: str) -> None:
-        self.headers: Mapping[str, str] = {"content-type": "application/json"}
-        error = {"code": 401, "message": message, "status": "UNAUTHENTICATED"}
-        self.body = orjson.dumps({"error": error})
-
-    async def read(self) -> bytes:
-        return self.body
-
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        yield self.body
-
-    def at_eof(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        return None
-
-    def release(self) -> None:
-        return None
+    error = {"code": 401, "message": message, "status": "UNAUTHENTICATED"}
+    return HeldResponse(401, {"content-type": "application/json"}, orjson.dumps({"error": error}))
 
 
 class _GoogleProvider(HttpProvider):
@@ -97,10 +63,7 @@ class _GoogleProvider(HttpProvider):
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
-        for key in spec.options:
-            if key not in self.OPTIONS and key not in self.COMMON_OPTIONS:
-                known = ", ".join(sorted(self.OPTIONS | self.COMMON_OPTIONS))
-                raise spec.error(key, f"unknown option for kind {self.KIND!r} (known: {known})")
+        check_options(spec, self.KIND, self.OPTIONS)
         self.extra_headers = self.option_table("headers")
 
     def _base_url(self, default: str) -> str:
@@ -112,14 +75,14 @@ class _GoogleProvider(HttpProvider):
     def model_url(self, model: str) -> str:
         raise NotImplementedError
 
-    async def headers_for_call(self) -> Mapping[str, str] | _Refused:
+    async def headers_for_call(self) -> Mapping[str, str] | HeldResponse:
         raise NotImplementedError
 
     async def send(
         self, call: Call, binding: Binding, endpoint: Endpoint, body: dict[str, Any]
     ) -> UpstreamResponse:
         headers = await self.headers_for_call()
-        if isinstance(headers, _Refused):
+        if isinstance(headers, HeldResponse):
             return headers
         url = self.model_url(binding.model)
         if endpoint is not Endpoint.EMBEDDINGS:
@@ -253,13 +216,13 @@ class VertexProvider(_GoogleProvider):
             payload["parameters"] = {"outputDimensionality": dims}
         return url + ":predict", payload
 
-    async def headers_for_call(self) -> Mapping[str, str] | _Refused:
+    async def headers_for_call(self) -> Mapping[str, str] | HeldResponse:
         if self.tokens is None:
             raise RuntimeError(f"provider {self.name!r} used before start()")
         try:
             token = await self.tokens.token()
         except TokenRefused as refused:
-            return _Refused(str(refused))
+            return _refused(str(refused))
         headers = self.headers
         if headers.get("Authorization") != f"Bearer {token}":
             headers = self.headers = {**headers, "Authorization": f"Bearer {token}"}

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from prism_proxy import (
+    CHAT_CARRIED,
     OPENAI_ONLY_PARAMS,
     Untranslatable,
     chat_turns,
@@ -33,25 +34,7 @@ from prism_proxy import (
 __all__ = ["embeddings_request", "openai_to_gemini", "signed_id", "split_id"]
 
 #: OpenAI chat parameters Gemini carries over (the rest are refused or dropped).
-_CARRIED = frozenset(
-    {
-        "model",
-        "messages",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "stop",
-        "stream",
-        "stream_options",
-        "tools",
-        "tool_choice",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "response_format",
-    }
-)
+_CARRIED = CHAT_CARRIED | {"seed", "presence_penalty", "frequency_penalty"}
 _SIGNATURE_MARK = "_ts_"
 #: Google's documented stand-in for a function call whose signature was not kept.
 SKIP_SIGNATURE = "skip_thought_signature_validator"

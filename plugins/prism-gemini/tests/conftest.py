@@ -6,16 +6,11 @@ from typing import Any
 
 import pytest
 
+from prism_proxy.testing import Sleeps
+
 PLUGINS = ["gemini"]
 KEY_ENV = "PRISM_TEST_GEMINI_KEY"
 KEY = "AIzaSy-test-secret-0123456789"
-
-
-class Sleeps(list[float]):
-    """An injected ``sleep``: records each wait, returns at once."""
-
-    async def __call__(self, seconds: float) -> None:
-        self.append(seconds)
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import openai
 import pytest
 from prism_fake_upstream import Fault
 
+from prism_proxy.testing import openai_tool_round_trip
+
 ANSWER = "Hello from gemini-g. This is the fake upstream answering."
 
 
@@ -144,27 +146,9 @@ WEATHER = {
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_tool_call_and_its_result_round_trip(prism_fake, start, stream):
     gw = await start("g")
-    client = gw.openai()
-    messages: list[dict] = [{"role": "user", "content": "Weather in Paris?"}]
-    if stream:
-        chunks = [
-            c
-            async for c in await client.chat.completions.create(
-                model="m", messages=messages, tools=[WEATHER], tool_choice="required", stream=True
-            )
-        ]
-        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
-        [call] = calls
-        call_id, name, arguments = call.id, call.function.name, call.function.arguments
-        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-    else:
-        completion = await client.chat.completions.create(
-            model="m", messages=messages, tools=[WEATHER], tool_choice="required"
-        )
-        assert completion.choices[0].finish_reason == "tool_calls"
-        [call] = completion.choices[0].message.tool_calls
-        call_id, name, arguments = call.id, call.function.name, call.function.arguments
-    assert (name, json.loads(arguments)) == ("get_weather", {"city": "Paris"})
+    trip = await openai_tool_round_trip(gw.openai(), WEATHER, '{"temp_c": 21}', stream=stream)
+    assert (trip.name, json.loads(trip.arguments)) == ("get_weather", {"city": "Paris"})
+    assert trip.answer.choices[0].message.content == 'The tool said: {"temp_c":21}'
     first = prism_fake.requests("g")[0].body
     assert first["tools"] == [
         {
@@ -178,22 +162,6 @@ async def test_a_tool_call_and_its_result_round_trip(prism_fake, start, stream):
         }
     ]
     assert first["toolConfig"] == {"functionCallingConfig": {"mode": "ANY"}}
-    messages += [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": '{"temp_c": 21}'},
-    ]
-    answer = await client.chat.completions.create(model="m", messages=messages, tools=[WEATHER])
-    assert answer.choices[0].message.content == 'The tool said: {"temp_c":21}'
     second = prism_fake.requests("g")[1].body
     call_part, response_part = second["contents"][1]["parts"][0], second["contents"][2]["parts"][0]
     assert call_part["functionCall"] == {"name": "get_weather", "args": {"city": "Paris"}}

@@ -16,6 +16,7 @@ from prism_proxy import (
     HttpProvider,
     ProviderSpec,
     UpstreamResponse,
+    check_options,
 )
 
 _OPTIONS = frozenset(
@@ -52,10 +53,7 @@ class OpenAIProvider(HttpProvider):
 
     def __init__(self, spec: ProviderSpec) -> None:
         super().__init__(spec)
-        for key in spec.options:
-            if key not in _OPTIONS and key not in self.COMMON_OPTIONS:
-                known = ", ".join(sorted(_OPTIONS | self.COMMON_OPTIONS))
-                raise spec.error(key, f"unknown option for kind 'openai' (known: {known})")
+        check_options(spec, "openai", _OPTIONS)
         base_url = spec.options.get("base_url")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise spec.error("base_url", f"expected an http(s) URL, got {base_url!r}")
