@@ -38,6 +38,8 @@ log = logging.getLogger("prism.limits")
 
 #: The gauge of an organisation's most used budget (spent over amount).
 RATIO = "prism_budget_used_ratio"
+#: Counters whose quiet range is remembered before starting afresh.
+_QUIET = 4096
 _WHEN = {
     "hour": "this hour",
     "day": "today",
@@ -221,6 +223,9 @@ class BudgetAlerts:
         self._exported: dict[str, float] = {}
         #: Each counter's ratio when the gauge was last worked out from it.
         self._looked: dict[str, float] = {}
+        #: Per counter, the spend range ``[low, high)`` in which a settlement changes
+        #: nothing: no threshold crossed, the gauge not looked at again (most of them).
+        self._quiet: dict[str, tuple[int, int]] = {}
 
     def settled(
         self,
@@ -233,7 +238,11 @@ class BudgetAlerts:
         """A call's cost was added to ``budgets`` (each with its period and counter);
         ``spent_after`` is what each holds now (-1: a counter the engine does not hold)."""
         orgs: list[str] | None = None
+        quiet = self._quiet
         for (limit, span, counter), after in zip(budgets, spent_after, strict=False):
+            calm = quiet.get(counter)
+            if calm is not None and calm[0] <= after < calm[1]:
+                continue
             value = limit.value
             if after < 0 or value <= 0:
                 continue
@@ -252,12 +261,29 @@ class BudgetAlerts:
                 used[counter] = (ratio, span.end)
                 # Looked at again when it moved a thousandth since the last look: not
                 # once per call for a budget a call moves by far less.
-                if was is None or abs(ratio - self._looked.get(counter, -1.0)) >= 0.001:
-                    self._looked[counter] = ratio
+                looked = self._looked.get(counter, -1.0)
+                if was is None or abs(ratio - looked) >= 0.001:
+                    looked = self._looked[counter] = ratio
                     orgs = [name] if orgs is None else [*orgs, name]
+                # The gauge's next look (rounded down: a look a nano-unit early is harmless).
+                high = min(self._next(value, after), int((looked + 0.001) * value))
+            else:
+                high = self._next(value, after)
+            if len(quiet) >= _QUIET:
+                quiet.clear()
+            quiet[counter] = (after, high)
         if orgs is not None:
             for name in orgs:
                 self._gauge(name)
+
+    def _next(self, value: int, spent: int) -> int:
+        """The least spend at which a threshold above ``spent`` is reached."""
+        # The least ``after`` with ``after * 100 >= threshold * value``, of the thresholds
+        # above ``spent`` (in whatever order the operator wrote them).
+        return min(
+            (-(-t * value // 100) for t in self.thresholds if t * value > spent * 100),
+            default=1 << 62,
+        )
 
     def _gauge(self, org: str) -> None:
         """The organisation's most used budget in its current periods."""
@@ -268,6 +294,7 @@ class BudgetAlerts:
         for counter in [c for c, (_, end) in used.items() if end is not None and end <= now]:
             del used[counter]  # a period that ended: its successor counts afresh
             self._looked.pop(counter, None)
+            self._quiet.pop(counter, None)
         ratio = max((ratio for ratio, _ in used.values()), default=0.0)
         # Exported when it moved by a thousandth or more: not once per call for a
         # budget a call moves by far less.

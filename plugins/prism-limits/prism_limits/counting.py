@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -60,14 +61,9 @@ class Ask:
         return self.limit.value if self.value < 0 else self.value
 
 
-@attrs.define
-class Reading:
-    """What remains of one limit after the call (or at the refusal), and when it frees up."""
-
-    remaining: int
-    reset_s: float
-    #: The call did not fit this limit.
-    refused: bool = False
+#: What remains of one limit after the call (or at the refusal), the seconds until it
+#: frees up, and whether the call did not fit it: a plain tuple (several per call).
+Reading = tuple[int, float, bool]
 
 
 @attrs.define
@@ -92,6 +88,11 @@ class Held:
     second: int
     #: The engine that holds it (the local one while shared state was away).
     engine: object = None
+    #: The indices of the budget asks among ``asks``.
+    budgets: tuple[int, ...] = ()
+    #: Per budget ask's index, the period its counter was named after (the plan's,
+    #: shared: a name that no longer matches the ask's counter is not used).
+    periods: Mapping[int, tuple[Any, str]] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -158,64 +159,103 @@ class LocalCounters:
     def admit(self, asks: Sequence[Ask], member: str, now: float) -> Decision:
         second = int(now)
         budgets = self.budgets
+        windows = self.windows
+        inflight = self.inflight
         missing: list[str] | None = None
-        for ask in asks:
-            if ask.limit.kind is _BUDGET and ask.counter not in budgets:
-                missing = [ask.counter] if missing is None else [*missing, ask.counter]
-        if missing is not None:
-            return Decision((), missing=tuple(missing))
         readings: list[Reading] = []
         refused: int | None = None
-        for index, ask in enumerate(asks):
-            reading = self._check(ask, second, now)
-            readings.append(reading)
-            if reading.refused and refused is None:
+        # Each limit's counter as found while checking, for the reservation after (the
+        # checks and the reservations inline: this runs for every limited call).
+        found: list[Any] = []
+        index = -1
+        for ask in asks:
+            index += 1
+            limit = ask.limit
+            kind = limit.kind
+            value = ask.value
+            if value < 0:
+                value = limit.value
+            amount = ask.amount
+            if kind is _WINDOW:
+                counted = windows.get(ask.counter)
+                found.append(counted)
+                if counted is None:
+                    if amount <= value:
+                        readings.append((value - amount, 0.0, False))
+                        continue
+                    readings.append((value, 0.0, True))
+                else:
+                    seconds = counted.seconds
+                    # Only a window holding an expired second needs the method's trim.
+                    if seconds and seconds[0][0] <= second - WINDOW_S:
+                        used = counted.used(second)
+                    else:
+                        used = counted.total
+                    reset = seconds[0][0] + WINDOW_S - now if seconds else 0.0
+                    if reset < 0.0:
+                        reset = 0.0
+                    if used + amount <= value:
+                        readings.append((value - used - amount, reset, False))
+                        continue
+                    readings.append((value - used if used < value else 0, reset, True))
+            elif kind is _PARALLEL:
+                members = inflight.get(ask.counter)
+                found.append(members)
+                held = 0 if members is None else len(members)
+                if held < value:
+                    readings.append((value - held - 1, 1.0, False))
+                    continue
+                readings.append((0, 1.0, True))
+            else:
+                budget = budgets.get(ask.counter)
+                if budget is None:
+                    missing = [ask.counter] if missing is None else [*missing, ask.counter]
+                    continue
+                found.append(budget)
+                committed = budget.spent + budget.reserved_total
+                reset_at = ask.reset_at
+                reset = math.inf if reset_at is None else max(reset_at - now, 0.0)
+                if limit.soft or committed + amount <= value:
+                    after = committed + amount
+                    readings.append((value - after if after < value else 0, reset, False))
+                    continue
+                readings.append((value - committed if committed < value else 0, reset, True))
+            if refused is None:
                 refused = index
+        if missing is not None:
+            return Decision((), missing=tuple(missing))
         if refused is not None:
             return Decision(tuple(readings), refused)
-        for ask in asks:
-            self._take(ask, member, second)
+        index = 0
+        for counter in found:
+            ask = asks[index]
+            index += 1
+            kind = ask.limit.kind
+            if kind is _WINDOW:
+                if counter is None:
+                    counter = windows.get(ask.counter)
+                    if counter is None:
+                        counter = windows[ask.counter] = _Window()
+                amount = ask.amount
+                seconds = counter.seconds
+                last = seconds[-1] if seconds else None
+                if last is not None and last[0] == second:
+                    last[1] += amount
+                else:
+                    seconds.append([second, amount])
+                counter.total += amount
+            elif kind is _PARALLEL:
+                if counter is None:
+                    counter = inflight.get(ask.counter)
+                    if counter is None:
+                        counter = inflight[ask.counter] = set()
+                counter.add(member)
+            else:
+                amount = ask.amount
+                reserved = counter.reserved
+                counter.reserved_total += amount - reserved.get(member, 0)
+                reserved[member] = amount
         return Decision(tuple(readings))
-
-    def _check(self, ask: Ask, second: int, now: float) -> Reading:
-        value = ask.effective
-        kind = ask.limit.kind
-        if kind is _WINDOW:
-            counted = self.windows.get(ask.counter)
-            if counted is None:
-                fits = ask.amount <= value
-                return Reading(value - ask.amount if fits else value, 0.0, not fits)
-            used = counted.used(second)
-            fits = used + ask.amount <= value
-            after = used + ask.amount if fits else used
-            return Reading(max(value - after, 0), counted.reset_s(now), not fits)
-        if kind is _PARALLEL:
-            held = len(self.inflight.get(ask.counter, ()))
-            fits = held + 1 <= value
-            return Reading(max(value - held - (1 if fits else 0), 0), 1.0, not fits)
-        budget = self.budgets[ask.counter]
-        committed = budget.spent + budget.reserved_total
-        fits = ask.limit.soft or committed + ask.amount <= value
-        after = committed + ask.amount if fits else committed
-        reset = math.inf if ask.reset_at is None else max(ask.reset_at - now, 0.0)
-        return Reading(max(value - after, 0), reset, not fits)
-
-    def _take(self, ask: Ask, member: str, second: int) -> None:
-        kind = ask.limit.kind
-        if kind is _WINDOW:
-            counted = self.windows.get(ask.counter)
-            if counted is None:
-                counted = self.windows[ask.counter] = _Window()
-            counted.add(second, ask.amount)
-        elif kind is _PARALLEL:
-            inflight = self.inflight.get(ask.counter)
-            if inflight is None:
-                inflight = self.inflight[ask.counter] = set()
-            inflight.add(member)
-        else:
-            budget = self.budgets[ask.counter]
-            budget.reserved_total += ask.amount - budget.reserved.get(member, 0)
-            budget.reserved[member] = ask.amount
 
     def rebuilt(self, counter: str, spent: int, counted: Collection[str], now: float) -> None:
         """A budget counter rebuilt from a ledger read (kept if another rebuild came
@@ -252,25 +292,34 @@ class LocalCounters:
         (``spend_counters``, one per budget ask, in order).  Returns each
         budget's spend after.
         """
+        member = held.member
+        budgets = self.budgets
         for ask in held.asks:
-            kind = ask.limit.kind
+            limit = ask.limit
+            kind = limit.kind
             if kind is _WINDOW:
-                if ask.limit.metric == "tpm" and tokens != ask.amount:
+                if tokens != ask.amount and limit.metric == "tpm":
                     counted = self.windows.get(ask.counter)
                     if counted is not None:
                         counted.correct(held.second, tokens - ask.amount)
             elif kind is _PARALLEL:
-                self.inflight.get(ask.counter, set()).discard(held.member)
+                members = self.inflight.get(ask.counter)
+                if members is not None:
+                    members.discard(member)
             else:
-                budget = self.budgets.get(ask.counter)
+                budget = budgets.get(ask.counter)
                 if budget is not None:
-                    budget.reserved_total -= budget.reserved.pop(held.member, 0)
+                    budget.reserved_total -= budget.reserved.pop(member, 0)
         spent_after: list[int] = []
-        member = held.member
         for counter in spend_counters:
             if cost:
-                self._recent(counter, now).append((now, member, cost))
-            budget = self.budgets.get(counter)
+                costs = self.recent.get(counter)
+                if costs is None:
+                    costs = self.recent[counter] = collections.deque()
+                while costs and costs[0][0] < now - RECENT_S:
+                    costs.popleft()
+                costs.append((now, member, cost))
+            budget = budgets.get(counter)
             if budget is None:
                 spent_after.append(-1)  # a new period nobody asked about yet: the ledger has it
                 continue
@@ -301,4 +350,3 @@ class LocalCounters:
     def forget_budgets(self) -> None:
         """Rebase: every budget counter is rebuilt from the ledger on its next use."""
         self.budgets.clear()
-

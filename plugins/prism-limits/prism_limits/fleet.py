@@ -39,14 +39,22 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import attrs
 
 from prism_proxy import SharedState
 
-from .counting import RECENT_S, Ask, Decision, Held, LocalCounters, Reading
+from .counting import RECENT_S, Ask, Decision, Held, LocalCounters
 from .limits import Kind
 from .scripts import ADMIT, LOOK, REBASE, REBUILT, RENEW, SETTLE
 
@@ -115,6 +123,10 @@ class FleetCounters:
         #: rebase again once they settled (their cost reaches the ledger, not Redis).
         self.settling = False
         self._background: set[asyncio.Task[None]] = set()
+        #: Settlements of this turn of the event loop, written together (settle_soon).
+        self._pending: list[
+            tuple[Held, int, int, Sequence[str], Callable[[list[int]], None] | None]
+        ] = []
 
     @property
     def lease_s(self) -> float:
@@ -290,7 +302,7 @@ class FleetCounters:
             return Decision((), missing=missing, gateways=gateways), 0
         raw = answer[2]
         readings = tuple(
-            Reading(int(raw[i]), _seconds(int(raw[i + 1]))) for i in range(0, len(raw), 2)
+            (int(raw[i]), _seconds(int(raw[i + 1])), False) for i in range(0, len(raw), 2)
         )
         if status == 1:
             return Decision(readings, refused=int(answer[3]) - 1, gateways=gateways), 0
@@ -322,20 +334,21 @@ class FleetCounters:
         with self._guard("limits_rebuild"):
             await self.link.connect().eval(REBUILT, len(keys), *keys, *args)
 
-    async def settle(
+    def _settle_command(
         self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
-    ) -> list[int]:
+    ) -> tuple[list[str], tuple[str | int, ...]]:
         keys: list[str] = []
         packed: list[str] = []
+        base = self.base
         for ask in held.asks:
-            key = self.key(ask.counter)
+            key = base + ask.counter
             keys += (key, key + ":leases")
             code = _KIND_CODES[ask.limit.kind]
             if code == "w":
                 code = "t" if ask.limit.metric == "tpm" else "r"
             packed.append(f"{code} {ask.amount}")
         for counter in spend_counters:
-            key = self.key(counter)
+            key = base + counter
             keys += (key, key + ":recent", key + ":counted")
         args = (
             held.member,
@@ -346,9 +359,68 @@ class FleetCounters:
             _RECENT_MS,
             " ".join(packed),
         )
+        return keys, args
+
+    async def settle(
+        self, held: Held, tokens: int, cost: int, spend_counters: Sequence[str]
+    ) -> list[int]:
+        keys, args = self._settle_command(held, tokens, cost, spend_counters)
         with self._guard("limits_settle"):
             spent: list[Any] = await self._script(SETTLE, keys, args)
         return [int(value) for value in spent]
+
+    def settle_soon(
+        self,
+        held: Held,
+        tokens: int,
+        cost: int,
+        spend_counters: Sequence[str],
+        done: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        """Settle ``held`` in the background, in one pipeline with the other settlements
+        of this turn of the event loop (one round trip for them all, no task each);
+        ``done`` gets each budget's spend after."""
+        pending = self._pending
+        pending.append((held, tokens, cost, spend_counters, done))
+        if len(pending) == 1:
+            self.spawn(self._write_pending())
+
+    async def _write_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        commands = [self._settle_command(*entry[:4]) for entry in batch]
+        digest = _DIGESTS[SETTLE]
+        try:
+            with self._guard("limits_settle"):
+                client = self.link.connect()
+                if len(commands) == 1:
+                    keys, args = commands[0]
+                    answers: list[Any] = [await self._script(SETTLE, keys, args)]
+                else:
+                    pipe = client.pipeline(transaction=False)
+                    for keys, args in commands:
+                        pipe.evalsha(digest, len(keys), *keys, *args)
+                    answers = await pipe.execute(raise_on_error=False)
+                    for index, answer in enumerate(answers):
+                        # Redis forgot the script (restarted, SCRIPT FLUSH): sent in full.
+                        if type(answer).__name__ == "NoScriptError":
+                            keys, args = commands[index]
+                            answers[index] = await self._script(SETTLE, keys, args)
+        except Exception as exc:
+            # Their reservations run out with their leases; the ledger has their cost,
+            # and the counters are rebuilt from it.
+            log.warning(
+                "limits: could not settle %d calls in shared state (%s)", len(batch), _name(exc)
+            )
+            return
+        for (held, _, _, _, done), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning(
+                    "limits: could not settle %s in shared state (%s)", held.member, _name(answer)
+                )
+            elif done is not None:
+                done([int(value) for value in answer])
 
     async def renew(self, held: Sequence[Held]) -> None:
         """Keep the leases of calls still in flight (a dead gateway's run out)."""

@@ -24,7 +24,6 @@ from prism_proxy import (
     Binding,
     Call,
     Pricing,
-    Principal,
     PrismError,
     Settlement,
     SharedState,
@@ -36,10 +35,11 @@ from prism_proxy import (
 )
 
 from .alerts import BudgetAlerts, Outbox
-from .counting import RECENT_S, Ask, Decision, Held, LocalCounters, Reading
+from .counting import RECENT_S, Ask, Decision, Held, LocalCounters
 from .fleet import FleetCounters
-from .limits import BUDGET, RPM, TPM, Kind, Limit, Period, applying, format_money
+from .limits import Kind, Limit, Period, applying, format_money
 from .periods import Window, window
+from .plan import Plan
 from .settings import LimitsSettings
 
 __all__ = ["HELD", "Limiter"]
@@ -84,7 +84,7 @@ class Limiter:
         self.wall = wall
         #: Gateways the fleet engine saw lately: the share of a limit while it is away.
         self.gateways = 1
-        self._plans: dict[tuple[int, str], tuple[Principal, tuple[Limit, ...]]] = {}
+        self._plans: dict[tuple[int, str], Plan] = {}
         self._windows: dict[Period, Window] = {}
         self._worst: dict[tuple[Any, ...], int] = {}
         # Without a kept outbox handed over, this generation's own: it sends while it has
@@ -101,71 +101,82 @@ class Limiter:
     # -- admission -----------------------------------------------------------
 
     def limits_of(self, call: Call) -> Sequence[Limit]:
+        plan = self.plan_of(call)
+        return () if plan is None else plan.limits
+
+    def plan_of(self, call: Call) -> Plan | None:
+        """The call's limits and what about them stays the same from call to call."""
         model = call.model
         if model is None or call.traffic != "customer":
-            return ()
+            return None
         principal = call.principal
         # Worked out once per caller and model: the principal object is the auth
         # plugin's, the same for every call until its settings change.
         key = (id(principal), model.name)
         plan = self._plans.get(key)
-        if plan is None or plan[0] is not principal:
+        if plan is None or plan.principal is not principal:
             if len(self._plans) >= _PLANS:
                 self._plans.clear()
-            limits = tuple(
-                applying(
-                    principal.org,
-                    principal.key_id,
-                    principal.settings,
-                    principal.key_settings,
-                    self.defaults,
-                    model.name,
-                )
+            limits = applying(
+                principal.org,
+                principal.key_id,
+                principal.settings,
+                principal.key_settings,
+                self.defaults,
+                model.name,
             )
-            plan = self._plans[key] = (principal, limits)
-        return plan[1]
+            plan = self._plans[key] = Plan.of(principal, limits)
+        return plan if plan.limits else None
 
     def admit(self, call: Call) -> Awaitable[None] | None:
-        limits = self.limits_of(call)
-        if not limits:
+        plan = self.plan_of(call)
+        if plan is None:
             return None
-        asks = self._asks(call, limits)
+        now = self.wall()
+        asks = self._asks(call, plan, now)
         if self.fleet is None:
             # Counted in the process: decided here, with no awaitable to build and await,
             # unless a budget counter must first be rebuilt from the ledger.
-            now = self.wall()
             decision = self.local.admit(asks, call.request_id, now)
             if not decision.missing:
-                self._conclude(call, asks, decision, int(now), self.local)
+                self._conclude(call, asks, decision, int(now), self.local, plan)
                 return None
-        return self._admit(call, asks)
+        return self._admit(call, asks, plan)
 
-    def window(self, period: Period) -> Window:
+    def window(self, period: Period, now: float | None = None) -> Window:
         """The current period of kind ``period`` (worked out again only when it ends)."""
-        now = self.wall()
+        if now is None:
+            now = self.wall()
         span = self._windows.get(period)
         if span is None or now < span.start or (span.end is not None and now >= span.end):
             span = self._windows[period] = window(period, now)
         return span
 
-    def _asks(self, call: Call, limits: Sequence[Limit]) -> list[Ask]:
-        asks: list[Ask] = []
-        tokens: int | None = None
-        worst: int | None = None
-        for limit in limits:
-            kind = limit.kind
-            if kind is _BUDGET:
-                if worst is None:
-                    worst = self.worst_case(call, self._route(call))
-                assert limit.period is not None
-                span = self.window(limit.period)
-                asks.append(Ask(limit, f"{limit.counter}:{span.name}", worst, span.end))
-            elif limit.metric == TPM:
-                if tokens is None:
-                    tokens = self._tokens(call)
-                asks.append(Ask(limit, limit.counter, tokens))
-            else:
-                asks.append(Ask(limit, limit.counter, 1))
+    def _asks(self, call: Call, plan: Plan, now: float) -> list[Ask]:
+        # The asks of rpm and max_parallel are the plan's own (their amount is always 1).
+        asks = list(plan.fixed)
+        varying = plan.varying
+        if not varying:
+            return asks
+        tokens = self._tokens(call) if plan.tpm else 0
+        worst = self.worst_case(call, self._route(call)) if plan.budget else 0
+        counters = plan.counters
+        for index, limit in varying:
+            period = limit.period
+            if period is None:
+                asks[index] = Ask(limit, limit.counter, tokens)
+                continue
+            named = counters.get(index)
+            if named is not None:
+                span = named[0]
+                end = span.end
+                # Still the period it was named in (the plan's own: no lookup needed).
+                if span.start <= now and (end is None or now < end):
+                    asks[index] = Ask(limit, named[1], worst, end)
+                    continue
+            span = self.window(period, now)
+            counters[index] = (span, f"{limit.counter}:{span.name}")
+            asks[index] = Ask(limit, counters[index][1], worst, span.end)
         return asks
 
     @staticmethod
@@ -213,7 +224,7 @@ class Limiter:
             self._worst[key] = worst
         return worst
 
-    async def _admit(self, call: Call, asks: list[Ask]) -> None:
+    async def _admit(self, call: Call, asks: list[Ask], plan: Plan) -> None:
         member = call.request_id
         fleet = self.fleet
         engine: object = self.local
@@ -246,16 +257,22 @@ class Limiter:
             decision = await self._local_admit(asks, member)
         elif engine is fleet:
             self.gateways = max(decision.gateways, 1)
-        self._conclude(call, asks, decision, second, engine)
+        self._conclude(call, asks, decision, second, engine, plan)
 
     def _conclude(
-        self, call: Call, asks: list[Ask], decision: Decision, second: int, engine: object
+        self,
+        call: Call,
+        asks: list[Ask],
+        decision: Decision,
+        second: int,
+        engine: object,
+        plan: Plan,
     ) -> None:
         """Tell the caller (headers, or the refusal) and keep what the call holds."""
-        _headers(call, asks, decision)
+        plan.headers(call.response_headers, asks, decision.readings)
         if decision.refused is not None:
             self._refuse(call, asks[decision.refused], decision)
-        held = Held(asks, call.request_id, second, engine)
+        held = Held(asks, call.request_id, second, engine, plan.budgets, plan.counters)
         call.extensions[HELD] = held
         fleet = self.fleet
         if fleet is not None and engine is fleet:
@@ -337,7 +354,7 @@ class Limiter:
         )
         headers = call.response_headers
         if limit.kind is Kind.BUDGET:
-            wait = reading.reset_s
+            wait = reading[1]
             if math.isfinite(wait):
                 headers["Retry-After"] = str(max(1, math.ceil(wait)))
             # Waiting a few seconds cannot help: the SDKs must not retry on their own.
@@ -352,11 +369,11 @@ class Limiter:
                 "budget_exceeded",
                 f"budget exceeded: {limit.describe()} (this call could cost up to "
                 f"{format_money(ask.amount)} with its output cap; "
-                f"{format_money(reading.remaining)} remains; the period resets {resets}; "
+                f"{format_money(reading[0])} remains; the period resets {resets}; "
                 "a smaller max_tokens reserves less)",
                 type="insufficient_quota",
             )
-        wait = reading.reset_s if limit.kind is Kind.WINDOW else 1.0
+        wait = reading[1] if limit.kind is Kind.WINDOW else 1.0
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
         raise PrismError(
             429, "rate_limited", f"rate limited: {limit.describe()}", type="rate_limit_error"
@@ -393,21 +410,42 @@ class Limiter:
                 cost = self.pricing.cost(served.binding, usage)
         # Each budget's counter in the period the call settled in (what its cost goes to).
         budgets: list[tuple[Limit, Window, str]] = []
-        for ask in held.asks:
-            limit = ask.limit
-            if limit.kind is _BUDGET and limit.period is not None:
-                span = self.window(limit.period)
+        spend_counters: list[str] = []
+        if held.budgets:
+            now = self.wall()
+            asks = held.asks
+            for index in held.budgets:
+                ask = asks[index]
+                limit = ask.limit
+                named = held.periods.get(index)
+                span: Window
+                if named is not None and named[1] is ask.counter:
+                    span = named[0]
+                    end = span.end
+                    if not (span.start <= now and (end is None or now < end)):
+                        assert limit.period is not None
+                        span = self.window(limit.period, now)
+                else:
+                    assert limit.period is not None
+                    span = self.window(limit.period, now)
                 # Mostly the period it was admitted in, whose counter it names already.
                 counter = (
                     ask.counter if span.end == ask.reset_at else f"{limit.counter}:{span.name}"
                 )
                 budgets.append((limit, span, counter))
+                spend_counters.append(counter)
         principal = call.principal
         # Counted once billing's ledger holds the call's row: a gateway killed in between
         # counts nothing the ledger will not have (the counters are rebuilt from it).
         call.when_settled(
             lambda recorded: self._settled(
-                held, tokens, cost if recorded else 0, budgets, principal.org, principal.key_id
+                held,
+                tokens,
+                cost if recorded else 0,
+                budgets,
+                spend_counters,
+                principal.org,
+                principal.key_id,
             )
         )
 
@@ -417,49 +455,41 @@ class Limiter:
         tokens: int,
         cost: int,
         budgets: list[tuple[Limit, Window, str]],
+        spend_counters: list[str],
         org: str | None,
         key_id: str | None,
     ) -> None:
         fleet = self.fleet
         if fleet is not None and held.engine is fleet:
             fleet.held.pop(held.member, None)
-            fleet.spawn(self._fleet_settle(fleet, held, tokens, cost, budgets, org, key_id))
+            done: Callable[[list[int]], None] | None = None
+            if budgets:
+                alerts = self.alerts
+
+                def done(spent: list[int]) -> None:
+                    # Redis added this cost alone (HINCRBY): only this gateway sees these
+                    # crossings.
+                    alerts.settled(org, key_id, budgets, spent, cost)
+
+            # Written in the background with this turn's other settlements: never a delay
+            # for the caller.  One that fails: its reservations run out with their leases,
+            # the ledger has its cost, and the counters are rebuilt from it.
+            fleet.settle_soon(held, tokens, cost, spend_counters, done)
         else:
-            spend_counters = [counter for _, _, counter in budgets]
             spent = self.local.settle(held, tokens, cost, spend_counters, self.wall())
             if budgets:
                 self.alerts.settled(org, key_id, budgets, spent, cost)
-
-    async def _fleet_settle(
-        self,
-        fleet: FleetCounters,
-        held: Held,
-        tokens: int,
-        cost: int,
-        budgets: list[tuple[Limit, Window, str]],
-        org: str | None,
-        key_id: str | None,
-    ) -> None:
-        try:
-            spent = await fleet.settle(held, tokens, cost, [counter for _, _, counter in budgets])
-        except Exception as exc:
-            # Its reservations run out with their leases; the ledger has its cost, and
-            # the counters are rebuilt from it.
-            log.warning(
-                "limits: could not settle %s in shared state (%s)", held.member, type(exc).__name__
-            )
-            return
-        if budgets:
-            # Redis added this cost alone (HINCRBY): only this gateway sees these crossings.
-            self.alerts.settled(org, key_id, budgets, spent, cost)
 
     # -- what a caller may know ----------------------------------------------
 
     async def report(self, call: Call) -> list[Mapping[str, Any]]:
         """The limits that apply to ``call``'s caller on its model, with what remains."""
-        limits = self.limits_of(call)
-        asks = self._asks(call, limits)
-        readings = self.local.readings(asks, self.wall())
+        plan = self.plan_of(call)
+        if plan is None:
+            return []
+        now = self.wall()
+        asks = self._asks(call, plan, now)
+        readings = self.local.readings(asks, now)
         if self.fleet is not None and self._shared():
             readings = await self.fleet.readings(asks)
         found: list[Mapping[str, Any]] = []
@@ -500,33 +530,3 @@ def _shared_out(ask: Ask, gateways: int) -> Ask:
     if gateways <= 1:
         return ask
     return Ask(ask.limit, ask.counter, ask.amount, ask.reset_at, ask.limit.value // gateways)
-
-
-def _headers(call: Call, asks: Sequence[Ask], decision: Decision) -> None:
-    """OpenAI's rate-limit headers for the tightest rpm and tpm, and the budget left."""
-    requests: tuple[Ask, Reading] | None = None
-    tokens: tuple[Ask, Reading] | None = None
-    budget_left: int | None = None
-    for ask, reading in zip(asks, decision.readings, strict=False):
-        metric = ask.limit.metric
-        if metric == RPM:
-            if requests is None or reading.remaining < requests[1].remaining:
-                requests = (ask, reading)
-        elif metric == TPM:
-            if tokens is None or reading.remaining < tokens[1].remaining:
-                tokens = (ask, reading)
-        elif metric == BUDGET and (budget_left is None or reading.remaining < budget_left):
-            budget_left = reading.remaining
-    headers = call.response_headers
-    if requests is not None:
-        ask, reading = requests
-        headers["x-ratelimit-limit-requests"] = str(ask.effective)
-        headers["x-ratelimit-remaining-requests"] = str(reading.remaining)
-        headers["x-ratelimit-reset-requests"] = f"{max(reading.reset_s, 0.0):.0f}s"
-    if tokens is not None:
-        ask, reading = tokens
-        headers["x-ratelimit-limit-tokens"] = str(ask.effective)
-        headers["x-ratelimit-remaining-tokens"] = str(reading.remaining)
-        headers["x-ratelimit-reset-tokens"] = f"{max(reading.reset_s, 0.0):.0f}s"
-    if budget_left is not None:
-        headers["x-prism-budget-remaining"] = format_money(budget_left)

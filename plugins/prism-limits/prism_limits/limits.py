@@ -65,6 +65,10 @@ class Kind(enum.Enum):
     PARALLEL = "parallel"  # calls in flight
     BUDGET = "budget"  # money per calendar period
 
+    # Members are singletons: hashed by identity, in C (Enum's own hash is Python code,
+    # paid on every dict lookup keyed by one, several per limited call).
+    __hash__ = object.__hash__
+
 
 class Period(enum.Enum):
     HOUR = "hour"
@@ -72,6 +76,8 @@ class Period(enum.Enum):
     WEEK = "week"
     MONTH = "month"
     TOTAL = "total"
+
+    __hash__ = object.__hash__  # as Kind's
 
 
 @attrs.frozen
