@@ -1,7 +1,7 @@
 """The PostgreSQL ledger (``[prism:billing] ledger_url``): schema, and a group-committing writer.
 
 The same contract as the SQLite ledger (:mod:`.ledger`): ``record`` returns
-only once the transaction holding its row has committed; one writer task
+only once the transaction holding its row has committed; one writer
 takes every row queued while the previous commit ran and writes them in one
 transaction; a request id is written once (``ON CONFLICT DO NOTHING`` on the
 primary key), however many replicas or retries settle it.
@@ -221,7 +221,7 @@ class PostgresLedgerWriter(GroupCommit):
             )
             self.direct = False
             self._away.set()
-        self._begin("prism-billing-pg-ledger")
+        self._begin()
         self._keeper = asyncio.create_task(self._keep_up(), name="prism-billing-pg-replay")
 
     async def _open(self) -> None:

@@ -83,32 +83,46 @@ class Price:
 
     def cost_nanos(self, usage: Usage | None) -> int:
         """What the serving line charges for ``usage`` (None: the request fee alone)."""
+        if usage is None:
+            return self.cost_of_tokens(None)
+        return self.cost_of_tokens(
+            (
+                clamp_tokens(usage.input_tokens),
+                clamp_tokens(usage.cached_input_tokens),
+                clamp_tokens(usage.cache_creation_tokens),
+                clamp_tokens(usage.output_tokens),
+            )
+        )
+
+    def cost_of_tokens(self, tokens: tuple[int, int, int, int] | None) -> int:
+        """The charge for already clamped (input, cached input, cache write, output) tokens.
+
+        None: the request fee alone.  The ledger row holds the same clamped
+        counts, so a call's are clamped once.
+        """
         whole = self.whole_nanos
         if whole is not None:
-            if usage is None:
+            if tokens is None:
                 return whole[4]
-            cached = clamp_tokens(usage.cached_input_tokens)
-            written = clamp_tokens(usage.cache_creation_tokens)
-            fresh = max(clamp_tokens(usage.input_tokens) - cached - written, 0)
-            output = clamp_tokens(usage.output_tokens)
+            prompt, cached, written, output = tokens
+            fresh = max(prompt - cached - written, 0)
             return (
                 fresh * whole[0] + cached * whole[1] + written * whole[2] + output * whole[3]
             ) + whole[4]
-        if usage is None:
-            tokens = Decimal(0)
+        if tokens is None:
+            total_tokens = Decimal(0)
         else:
-            cached = clamp_tokens(usage.cached_input_tokens)
-            written = clamp_tokens(usage.cache_creation_tokens)
-            fresh = max(clamp_tokens(usage.input_tokens) - cached - written, 0)
-            tokens = Decimal(0)
+            prompt, cached, written, output = tokens
+            fresh = max(prompt - cached - written, 0)
+            total_tokens = Decimal(0)
             for count, rate in (
                 (fresh, self.input),
                 (cached, self.cached_input),
                 (written, self.cache_write),
-                (clamp_tokens(usage.output_tokens), self.output),
+                (output, self.output),
             ):
-                tokens = _EXACT.add(tokens, _EXACT.multiply(Decimal(count), rate))
-        total = _EXACT.add(_EXACT.divide(tokens, _PER_MILLION), self.request)
+                total_tokens = _EXACT.add(total_tokens, _EXACT.multiply(Decimal(count), rate))
+        total = _EXACT.add(_EXACT.divide(total_tokens, _PER_MILLION), self.request)
         return int(total.quantize(_NANO, context=_EXACT).scaleb(9, context=_EXACT))
 
 
@@ -118,6 +132,12 @@ def clamp_tokens(value: int) -> int:
 
 def format_nanos(nanos: int) -> str:
     """A cost as a plain decimal string without exponent: ``0.000042``, ``0``."""
+    if nanos >= 0:
+        # Integers: the Decimal path below costs several times more, once per call.
+        whole, fraction = divmod(nanos, NANOS)
+        if not fraction:
+            return str(whole)
+        return f"{whole}.{fraction:09d}".rstrip("0")
     text = format(Decimal(nanos).scaleb(-9).normalize(), "f")
     return text
 

@@ -142,9 +142,7 @@ def _snapshot(records: Sequence[Sequence[Any]]) -> SpendSnapshot:
     for org, key_id, model, *_, request_id in records:
         if request_id is not None:
             recent.setdefault((org, key_id, model), set()).add(request_id)
-    return SpendSnapshot(
-        _totals(records), {owner: frozenset(ids) for owner, ids in recent.items()}
-    )
+    return SpendSnapshot(_totals(records), {owner: frozenset(ids) for owner, ids in recent.items()})
 
 
 def _read_sqlite(path: Path, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:

@@ -244,10 +244,10 @@ async def test_a_row_queued_as_the_delay_runs_out_joins_that_commit(tmp_path):
     try:
         recorded = [writer.record(row("first"))]
         for _ in range(20):  # until the writer waits for the others' rows
-            if writer._enough is not None:
+            if writer._waiting:
                 break
             await asyncio.sleep(0)
-        assert writer._enough is not None
+        assert writer._waiting
         loop.call_later(0.05, lambda: recorded.append(writer.record(row("second"))))
         # Block the loop past both deadlines: the delay's timer and the row's run in one pass.
         time.sleep(0.1)

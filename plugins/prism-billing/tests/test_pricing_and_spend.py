@@ -313,9 +313,7 @@ async def test_a_snapshot_names_the_recent_calls_its_totals_count(traffic):
     assert dict(snapshot.totals) == dict(await spend.spend_since(midnight))
     recent: dict[Any, set[str]] = {}
     for row in await rows_of(traffic, range(5, 8)):
-        recent.setdefault((row["org"], row["key_id"], row["model"]), set()).add(
-            row["request_id"]
-        )
+        recent.setdefault((row["org"], row["key_id"], row["model"]), set()).add(row["request_id"])
     assert recent and {k: set(v) for k, v in snapshot.recent.items()} == recent
     # Rows the totals do not count (before since, probes, unserved) are never named.
     early = await spend.spend_snapshot(settled_at(6), settled_at(0))

@@ -289,9 +289,7 @@ async def test_a_full_spool_refuses_rows(prism_postgres, forwarder, tmp_path: Pa
     assert counters["billing_spooled"] == 1
 
 
-async def test_a_replay_cut_short_runs_again_without_doubling_a_row(
-    prism_postgres, tmp_path: Path
-):
+async def test_a_replay_cut_short_runs_again_without_doubling_a_row(prism_postgres, tmp_path: Path):
     path = tmp_path / "s"
     counters: collections.Counter[str] = collections.Counter()
     earlier = Spool(path, max_bytes=1 << 20, counters=counters)

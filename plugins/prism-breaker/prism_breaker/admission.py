@@ -56,7 +56,6 @@ class CallState:
     stand_down: set[str] = attrs.field(factory=set)
 
 
-
 class CallAdmission:
     """The per-call half of the breaker: admission, attempt tags and evidence."""
 

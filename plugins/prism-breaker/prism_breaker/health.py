@@ -136,4 +136,3 @@ class BindingHealth:
             restored_at=self.restored_at,
             trial_since=self.trial_since,
         )
-

@@ -96,6 +96,9 @@ class LatencyTrack:
     min_samples: int
     #: Every sample in the window (for p50/p95 reporting), oldest first.
     samples: collections.deque[tuple[float, float]] = attrs.field(factory=collections.deque)
+    #: The same values kept sorted: percentiles are read as often as samples arrive, and
+    #: sorting the whole window for each read cost more than the rest of an observation.
+    sorted_samples: list[float] = attrs.field(factory=list)
     #: Baseline samples in arrival order, and the same values kept sorted.
     baseline: collections.deque[tuple[float, float]] = attrs.field(factory=collections.deque)
     sorted_baseline: list[float] = attrs.field(factory=list)
@@ -114,8 +117,11 @@ class LatencyTrack:
         if (samples and samples[0][0] <= horizon) or (baseline and baseline[0][0] <= horizon):
             self.prune(now)
         samples.append((now, ms))
+        ordered = self.sorted_samples
+        bisect.insort(ordered, ms)
         if len(samples) > MAX_SAMPLES:
-            samples.popleft()
+            _, old = samples.popleft()
+            del ordered[bisect.bisect_left(ordered, old)]
         median = self.median()
         if median is not None and ms > self.factor * median and ms > self.floor_ms:
             if self.slow_since is None:
@@ -165,15 +171,17 @@ class LatencyTrack:
 
     def prune(self, now: float) -> None:
         horizon = now - self.window_s
-        while self.samples and self.samples[0][0] <= horizon:
-            self.samples.popleft()
+        samples, ordered = self.samples, self.sorted_samples
+        while samples and samples[0][0] <= horizon:
+            _, ms = samples.popleft()
+            del ordered[bisect.bisect_left(ordered, ms)]
         while self.baseline and self.baseline[0][0] <= horizon:
             _, ms = self.baseline.popleft()
             del self.sorted_baseline[bisect.bisect_left(self.sorted_baseline, ms)]
 
     def percentiles(self, now: float) -> dict[str, float | int | None]:
         self.prune(now)
-        values = sorted(ms for _, ms in self.samples)
+        values = self.sorted_samples
         return {
             "p50": percentile(values, 0.50),
             "p95": percentile(values, 0.95),
@@ -195,4 +203,3 @@ def _median(values: list[float]) -> float:
     if len(values) % 2:
         return values[mid]
     return (values[mid - 1] + values[mid]) / 2
-

@@ -171,4 +171,3 @@ def test_only_customers_attempts_under_the_current_line_are_evidence(
     assert breaker.machine.get("a/up-a", fake_time.now).in_flight == 0
     attempt(breaker, unit_call(), "a/up-a", Outcome.TRANSIENT, 500)
     assert breaker.machine.get("a/up-a", fake_time.now).state is State.ISOLATED
-

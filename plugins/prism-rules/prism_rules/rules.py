@@ -87,7 +87,12 @@ class RuleIndex:
                 continue
             values = value if isinstance(value, frozenset) else (value,)
             for item in values:
-                candidates.update(keys.get(equality_key(item), ()))
+                found = keys.get(equality_key(item))
+                if found is not None:
+                    candidates.update(found)
+        if not candidates:
+            # The usual call: many rules, none guarded by a value it carries.
+            return None
         for position in sorted(candidates):
             rule = self.rules[position]
             if rule.when.matches(ctx):
