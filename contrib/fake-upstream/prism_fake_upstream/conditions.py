@@ -9,9 +9,12 @@ condition over the same traffic draws the same faults.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
@@ -20,7 +23,7 @@ from aiohttp import web
 
 from .faults import Fault
 
-__all__ = ["Condition", "add_condition_routes", "condition_from_json"]
+__all__ = ["Condition", "Gate", "add_condition_routes", "condition_from_json"]
 
 _KINDS = ("refuse", "empty", "cut")
 
@@ -60,6 +63,9 @@ class Condition:
     #: A stream cut after ``cut_after_chunks`` content chunks (non-streaming: closed).
     cut: float = attrs.field(default=0.0, validator=_fraction)
     cut_after_chunks: int = 2
+    #: The provider's own concurrency: at most this many requests answered at
+    #: once, the rest wait in arrival order (latency grows, nothing fails).
+    max_concurrency: int | None = None
     seed: int = 0
     _rng: random.Random = attrs.field(init=False, alias="_rng")
     #: Requests answered under this condition so far.
@@ -69,6 +75,12 @@ class Condition:
         for status, share in self.errors.items():
             if not 100 <= status <= 599 or not 0.0 <= share <= 1.0:
                 raise ValueError(f"errors: {status}: {share} is not a status and a fraction")
+        if self.max_concurrency is not None and (
+            type(self.max_concurrency) is not int or self.max_concurrency < 1
+        ):
+            raise ValueError(
+                f"max_concurrency must be a whole number >= 1, got {self.max_concurrency!r}"
+            )
         if sum(self.errors.values()) + self.refuse + self.empty + self.cut > 1.0 + 1e-9:
             raise ValueError("errors, refuse, empty and cut add up to more than 1")
         self._rng = random.Random(self.seed)
@@ -104,6 +116,49 @@ class Condition:
             "Retry-After": str(max(1, round(self.retry_after_s))),
             "retry-after-ms": str(round(self.retry_after_s * 1000)),
         }
+
+
+@attrs.define(eq=False)
+class Gate:
+    """One scenario's requests being answered, and those waiting for a turn.
+
+    It outlives the conditions (the lab replaces them as its timeline moves),
+    so a queue built under one condition drains under the next.
+    """
+
+    in_use: int = 0
+    waiters: collections.deque[asyncio.Future[None]] = attrs.field(factory=collections.deque)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, limit: int | None) -> AsyncIterator[None]:
+        """A turn to answer: at once under ``limit`` (None: no limit), else in arrival order."""
+        if limit is None or (self.in_use < limit and not self.waiters):
+            self.in_use += 1
+        else:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                # The client left while queued; a turn handed over meanwhile passes on.
+                if waiter.done() and not waiter.cancelled():
+                    self._release()
+                else:
+                    with contextlib.suppress(ValueError):
+                        self.waiters.remove(waiter)
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn passes on; in_use stays
+                return
+        self.in_use -= 1
 
 
 def condition_from_json(obj: object) -> Condition:

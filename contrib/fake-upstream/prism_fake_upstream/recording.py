@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -10,7 +11,7 @@ import attrs
 from aiohttp import web
 
 from .clock import FakeClock
-from .conditions import Condition
+from .conditions import Condition, Gate
 from .faults import Fault, fault_for_scenario_name
 
 __all__ = ["MAX_RECORDED", "REGISTRY_KEY", "Recorded", "Registry", "ScenarioLog"]
@@ -70,6 +71,8 @@ class Registry:
     _name_faults: dict[str, Fault] = attrs.field(factory=dict, alias="_name_faults")
     #: Standing conditions (conditions.py): each request the script leaves gets a draw.
     conditions: dict[str, Condition] = attrs.field(factory=dict)
+    #: Per scenario, who is being answered and who waits (a condition's max_concurrency).
+    gates: dict[str, Gate] = attrs.field(factory=dict)
 
     def log(self, scenario: str) -> ScenarioLog:
         log = self.logs.get(scenario)
@@ -93,11 +96,24 @@ class Registry:
             fault = self._name_faults[scenario] = fault_for_scenario_name(scenario)
         return fault
 
+    def turn(self, scenario: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """A turn to answer under the scenario's condition's ``max_concurrency``, if any."""
+        condition = self.conditions.get(scenario)
+        limit = None if condition is None else condition.max_concurrency
+        gate = self.gates.get(scenario)
+        if gate is None:
+            if limit is None:
+                # Never limited: nothing to count (most fakes, and every benchmark's).
+                return contextlib.nullcontext()
+            gate = self.gates[scenario] = Gate()
+        return gate.hold(limit)
+
     def reset(self) -> None:
         # Replace rather than clear: requests still in flight keep their old
         # log, so nothing they do after the reset leaks into the fresh counts.
         self.logs = {}
         self.conditions.clear()
+        self.gates = {}
 
 
 REGISTRY_KEY = web.AppKey("prism_fake_upstream.registry", Registry)

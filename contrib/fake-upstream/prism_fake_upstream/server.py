@@ -92,11 +92,12 @@ def _endpoint_handler(wire: WireFormat, route: Route) -> Handler:
         fault = registry.next_fault(scenario, log)
         ex = Exchange(request, scenario, endpoint, fault, body, registry.clock)
         try:
-            if fault.stall_s:
-                await ex.pause(fault.stall_s)
-            if fault.status != 200 or fault.body is not None:
-                return _override_response(ex, wire)
-            return await route.handler(ex)
+            async with registry.turn(scenario):
+                if fault.stall_s:
+                    await ex.pause(fault.stall_s)
+                if fault.status != 200 or fault.body is not None:
+                    return _override_response(ex, wire)
+                return await route.handler(ex)
         except (ClientGone, ConnectionResetError):
             log.dropped += 1
             # Nobody is listening; aiohttp fails to send this and moves on.

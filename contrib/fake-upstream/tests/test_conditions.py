@@ -84,3 +84,49 @@ async def test_a_bad_condition_is_refused_saying_why(body, message):
         async with session.put(f"{fake.url}/_fake/condition/r", json=body) as response:
             assert response.status == 400
             assert message in (await response.json())["error"]["message"]
+
+
+async def test_max_concurrency_queues_in_arrival_order_and_fails_nobody():
+    from prism_proxy.clock import ManualClock
+
+    async with FakeUpstream() as fake, aiohttp.ClientSession() as session:
+        clock = ManualClock()
+        fake.clock = clock
+        url = f"{fake.url}/_fake/condition/c"
+        await put(session, url, {"max_concurrency": 1, "first_token_delay_s": 5.0})
+        post = fake.base_url("c") + "/chat/completions"
+        body = {"model": "m", "messages": MESSAGES}
+        done: list[int] = []
+
+        async def call(i: int) -> None:
+            async with session.post(post, json=body) as response:
+                assert response.status == 200
+                await response.read()
+                done.append(i)
+
+        first = asyncio.create_task(call(1))
+        while fake.hits("c") < 1:
+            await asyncio.sleep(0.01)
+        second = asyncio.create_task(call(2))
+        while fake.hits("c") < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        # One answer at a time: the second waits its turn behind the first's 5 s.
+        assert clock.pending == [1005.0]
+        clock.advance(5.0)
+        await first
+        while not clock.pending:
+            await asyncio.sleep(0.01)
+        assert clock.pending == [1010.0] and done == [1]
+        clock.advance(5.0)
+        await second
+        assert done == [1, 2]
+        # A replaced condition without a limit lets everyone through at once.
+        await put(session, url, {"first_token_delay_s": 5.0})
+        both = [asyncio.create_task(call(i)) for i in (3, 4)]
+        while len(clock.pending) < 2:
+            await asyncio.sleep(0.01)
+        clock.advance(5.0)
+        await asyncio.gather(*both)
+        async with session.put(url, json={"max_concurrency": 0}) as response:
+            assert response.status == 400

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from .predict_cli import add_predict_command, run_predict
 from .procs import LabError
 from .report import format_table, write_variant
 from .runner import run_variant
@@ -68,10 +69,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_p.add_argument("scenario", type=Path)
     compare_p = commands.add_parser("compare", help="print the side-by-side table of runs")
     compare_p.add_argument("dirs", type=Path, nargs="+")
+    add_predict_command(commands)
     args = parser.parse_args(argv)
     if args.command == "run" and args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     try:
+        if args.command == "predict":
+            run_predict(args)
+            return
         if args.command == "compare":
             print(format_table(_summaries(args.dirs)))
             return

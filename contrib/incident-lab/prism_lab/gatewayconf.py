@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .scenario import Scenario, Variant
+from .traffic import organisations
 
-__all__ = ["scaled", "write_gateway_config"]
+__all__ = ["KEYS_DB", "scaled", "write_gateway_config"]
+
+#: The variant's key database (beside its ini files, shared by its replicas).
+KEYS_DB = "keys.db"
 
 #: Duration defaults of ``[prism]`` (README's settings table), scaled with the rest.
 CORE_TIME_DEFAULTS: Mapping[str, float] = {
@@ -96,9 +100,18 @@ def catalog_text(scenario: Scenario, variant: Variant, fake_url: str) -> str:
             lines.append(f"region = {_toml_value(provider.region)}")
     for name, model in scenario.models.items():
         merged = scaled({**model, **variant.models.get(name, {})}, scenario.time_scale)
+        if isinstance(merged.get("chain"), list):
+            merged["chain"] = [_line(line, scenario.time_scale) for line in merged["chain"]]
         lines.append(f"[models.{name}]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in merged.items()]
     return "\n".join(lines) + "\n"
+
+
+def _line(line: Any, scale: float) -> Any:
+    """A chain line with its ``queue_ms`` scaled (the catalog takes whole ms, at least 1)."""
+    if not isinstance(line, Mapping) or not isinstance(line.get("queue_ms"), int | float):
+        return line
+    return {**line, "queue_ms": max(1, round(line["queue_ms"] * scale))}
 
 
 def _disabled(keep: set[str]) -> str:
@@ -126,6 +139,14 @@ def write_gateway_config(
         keep.discard("billing")
     if redis_url is None:
         keep.discard("redis")
+    if variant.metrics is not None:
+        keep.add("metrics")
+    # Keys only when traffic names organisations (the ledger then records them);
+    # regions only when callers send theirs.
+    if organisations(scenario):
+        keep.add("keys")
+    if any(t.region is not None for t in scenario.traffic):
+        keep.add("regions")
     core = scaled(variant.prism, scenario.time_scale, CORE_TIME_DEFAULTS)
     core.update(
         listen=f"127.0.0.1:{port}",
@@ -142,6 +163,12 @@ def write_gateway_config(
         sections["prism:breaker"] = breaker
     if variant.billing:
         sections["prism:billing"] = {"ledger_path": f"ledger{replica}.sqlite"}
+    if variant.metrics is not None:
+        sections["prism:metrics"] = scaled(
+            variant.metrics, scenario.time_scale, {"capacity_window_s": 3600}
+        )
+    if "keys" in keep:
+        sections["prism:keys"] = {"db_path": KEYS_DB}
     if redis_url is not None:
         sections["prism:redis"] = {"url": redis_url, "key_prefix": "prism-lab", "sync_s": 0.1}
     text = "".join(

@@ -87,11 +87,11 @@ class Processes:
             return f"redis://127.0.0.1:{port}/0"
         raise LabError(f"redis-server did not start: {self._tail('redis')}")
 
-    async def gateway(self, name: str, ini: Path, port: int) -> str:
+    async def gateway(self, name: str, ini: Path, port: int, timeout_s: float = 20.0) -> str:
         argv = [sys.executable, "-m", "prism_proxy.cli", "serve", "--config", str(ini)]
         process = await self._spawn(name, argv, cwd=ini.parent)
         url = f"http://127.0.0.1:{port}"
-        if not await _ready(f"{url}/readyz", process, 20.0):
+        if not await _ready(f"{url}/readyz", process, timeout_s):
             raise LabError(f"{name}: prism serve did not start: {self._tail(name)}")
         return url
 

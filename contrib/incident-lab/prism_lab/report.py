@@ -123,25 +123,140 @@ def _fault_windows(scenario: Scenario, run: VariantRun) -> list[dict[str, Any]]:
     return out
 
 
-def _extra_cost(scenario: Scenario, run: VariantRun) -> float | None:
+def _extra_costs(scenario: Scenario, run: VariantRun) -> dict[str | None, float] | None:
+    """Fallbacks' extra cost per organisation (None: no keys) from the ledger."""
     if not run.variant.billing:
         return None
     table = prices(scenario)
-    extra = 0.0
+    extra: dict[str | None, float] = {}
     for row in run.ledger:
         primary = scenario.primary(row.model) if row.model in scenario.models else None
         if primary is None or row.binding == primary or primary not in table:
+            extra.setdefault(row.org, 0.0)
             continue
         price = table[primary]
         would_have = (row.input_tokens * price["input"] + row.output_tokens * price["output"]) / 1e6
-        extra += row.cost - would_have
-    return round(extra, 9)
+        extra[row.org] = extra.get(row.org, 0.0) + row.cost - would_have
+    return {org: round(cost, 9) for org, cost in extra.items()}
+
+
+def _by_traffic(scenario: Scenario, run: VariantRun) -> list[dict[str, Any]]:
+    """Outcomes per kind of client (organisation, caller region, wire, streamed or not)."""
+    groups: dict[tuple[str, str, str, bool], list[Call]] = {}
+    for call in run.calls:
+        key = (call.org or "", call.region or "", call.wire, call.stream)
+        groups.setdefault(key, []).append(call)
+    return [
+        {
+            "org": org or None,
+            "region": region or None,
+            "wire": wire,
+            "stream": stream,
+            "calls": len(calls),
+            "served": sum(c.ok for c in calls),
+            "served_by_fallback": sum(c.fallback for c in calls),
+            "degraded": sum(c.degraded for c in calls),
+            "failed": sum(_failed(c) for c in calls),
+            "served_from_regions": sorted(
+                {c.served_region for c in calls if c.ok and c.served_region}
+            ),
+        }
+        for (org, region, wire, stream), calls in sorted(groups.items())
+    ]
+
+
+def _trip(scenario: Scenario, run: VariantRun) -> tuple[str, str, float] | None:
+    """The first chain whose first line was seen isolated: (model, line, when)."""
+    for model in scenario.models:
+        line = scenario.primary(model)
+        when = next((s.t for s in run.samples if _state(s, line) == "isolated"), None)
+        if when is not None:
+            return model, line, when
+    return None
+
+
+def _state(sample: Sample, binding: str) -> str | None:
+    return sample.bindings.get(binding, {}).get("state")
+
+
+def _capacity(scenario: Scenario, run: VariantRun) -> dict[str, Any] | None:
+    """When the capacity rule fired, and the k the run's own peaks call for.
+
+    The demand on the other lines once the first line is lost is estimated
+    with Little's law from the arrivals: at each second after the trip, the
+    calls (of every model with a chain line besides the lost one) that
+    started within one unqueued call duration (the median of calls served
+    before any fault). k = (its p99 - the other lines' peaks) / the lost
+    line's peak, the peaks as the rule held them just before the trip: with
+    that k the rule fires exactly when the other lines' limits fall short of
+    the demand in more than 1 % of those seconds.
+    """
+    rules = [(s.t, s.capacity) for s in run.samples if s.capacity is not None]
+    trip = _trip(scenario, run)
+    if not rules or trip is None:
+        return None
+    model, lost, trip_s = trip
+    others = {f"{b['provider']}/{b['model']}" for b in scenario.models[model]["chain"]} - {lost}
+    before = [rule for t, rule in rules if t < trip_s]
+    tier = next((x for x in (before or [{}])[-1].get("tiers", []) if x["model"] == model), None)
+    first_fault = min((f.start_s for f in scenario.faults), default=scenario.duration_s)
+    normal = [c.end_s - c.start_s for c in run.calls if c.ok and c.end_s < first_fault]
+    end = max((f.end_s for f in scenario.faults if f.start_s <= trip_s), default=trip_s)
+    routed = [
+        c.start_s
+        for c in run.calls
+        if any(f"{b['provider']}/{b['model']}" in others for b in scenario.models[c.model]["chain"])
+    ]
+    duration = statistics.median(normal) if normal else None
+    seconds = range(math.ceil(trip_s), math.floor(min(end, scenario.duration_s)))
+    demand: list[float] = []
+    if duration is not None:
+        demand = [float(sum(t - duration < start <= t for start in routed)) for t in seconds]
+    demand_p99 = _percentile(demand, 0.99)
+    k = None
+    if tier is not None and demand_p99 is not None and tier["lines"].get(lost, {}).get("peak"):
+        peak_others = sum(tier["lines"][b]["peak"] for b in others if b in tier["lines"])
+        k = round((demand_p99 - peak_others) / tier["lines"][lost]["peak"], 2)
+
+    def first(fires: Any) -> float | None:
+        return next((round(t, 2) for t, rule in rules if fires(rule)), None)
+
+    def ratio(rule: Mapping[str, Any]) -> float | None:
+        found = [x for x in rule.get("tiers", []) if x["model"] == model]
+        return found[0]["lines"].get(lost, {}).get("ratio") if found else None
+
+    served = [c for c in run.calls if c.ok and c.first_token_s is not None]
+    after = [c.first_token_s or 0.0 for c in served if trip_s <= c.start_s < end]
+    p95_after = _percentile(after, 0.95)
+    return {
+        "model": model,
+        "lost_line": lost,
+        "trip_s": round(trip_s, 2),
+        "k": rules[-1][1].get("k"),
+        "alert_s": first(lambda rule: bool(rule.get("firing"))),
+        "before_trip": tier["lines"] if tier is not None else None,
+        "unqueued_call_s": None if duration is None else round(duration, 3),
+        "demand": {
+            "p50": _percentile(demand, 0.5),
+            "p99": demand_p99,
+            "max": max(demand, default=None),
+        },
+        "k_from_peaks": k,
+        "alert_s_at_k_from_peaks": None
+        if k is None
+        else first(lambda rule: (r := ratio(rule)) is not None and r < k),
+        "first_token_p95_ms_after_trip": None if p95_after is None else round(p95_after * 1000),
+        "other_lines_isolated": any(
+            _state(s, b) == "isolated" for s in run.samples for b in others
+        ),
+    }
 
 
 def summarise(scenario: Scenario, run: VariantRun) -> dict[str, Any]:
     calls = run.calls
     ttft = [c.first_token_s for c in calls if c.ok and c.first_token_s is not None]
     p50, p95 = _percentile(ttft, 0.5), _percentile(ttft, 0.95)
+    costs = _extra_costs(scenario, run)
     return {
         "scenario": scenario.name,
         "variant": run.variant.name,
@@ -154,8 +269,13 @@ def summarise(scenario: Scenario, run: VariantRun) -> dict[str, Any]:
         "first_token_p50_ms": None if p50 is None else round(p50 * 1000, 1),
         "first_token_p95_ms": None if p95 is None else round(p95 * 1000, 1),
         "calls_to_sick_bindings": run.sick_calls,
-        "fallback_extra_cost": _extra_cost(scenario, run),
+        "fallback_extra_cost": None if costs is None else round(sum(costs.values()), 9),
+        "fallback_extra_cost_by_org": None
+        if costs is None or set(costs) <= {None}
+        else {str(org): cost for org, cost in sorted(costs.items(), key=lambda kv: str(kv[0]))},
+        "by_traffic": _by_traffic(scenario, run),
         "faults": _fault_windows(scenario, run),
+        "capacity": _capacity(scenario, run),
     }
 
 
@@ -237,6 +357,15 @@ _TABLE_ROWS = (
 )
 
 
+_CAPACITY_ROWS = (
+    ("first line isolated at (s)", "trip_s"),
+    ("capacity rule fired at (s)", "alert_s"),
+    ("k from the run's peaks", "k_from_peaks"),
+    ("... rule at that k fires at (s)", "alert_s_at_k_from_peaks"),
+    ("first token p95 after trip (ms)", "first_token_p95_ms_after_trip"),
+)
+
+
 def _number(value: float) -> str:
     return f"{value:.6g}"
 
@@ -274,6 +403,16 @@ def format_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     rows: list[list[str]] = [["", *head]]
     for label, key in _TABLE_ROWS:
         rows.append([label, *(_cell([s.get(key) for s in g]) for g in columns)])
+    orgs = sorted({o for s in summaries for o in (s.get("fallback_extra_cost_by_org") or {})})
+    for org in orgs:
+        values = [
+            [(s.get("fallback_extra_cost_by_org") or {}).get(org) for s in g] for g in columns
+        ]
+        rows.append([f"fallback extra cost, {org}", *(_cell(v) for v in values)])
+    for label, key in _CAPACITY_ROWS:
+        if any(s.get("capacity") for s in summaries):
+            values = [[(s.get("capacity") or {}).get(key) for s in g] for g in columns]
+            rows.append([label, *(_cell(v) for v in values)])
     fault_keys = sorted(
         {(f["binding"], tuple(f["fault"])) for s in summaries for f in s.get("faults", [])}
     )

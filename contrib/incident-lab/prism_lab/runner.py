@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import attrs
 from .gatewayconf import write_gateway_config
 from .procs import LabError, Processes, free_port
 from .scenario import Scenario, Variant
-from .traffic import Call, drive_traffic
+from .traffic import Call, drive_traffic, organisations
 
 __all__ = ["Sample", "VariantRun", "run_variant"]
 
@@ -27,6 +28,8 @@ class Sample:
     t: float
     #: binding → {"state", "in_flight", "ramp", "error_rate"}: the first replica's /prism/health.
     bindings: dict[str, dict[str, Any]]
+    #: The capacity rule's ``/prism/capacity`` (prism-metrics loaded), else None.
+    capacity: dict[str, Any] | None = None
 
 
 @attrs.define
@@ -36,6 +39,8 @@ class LedgerRow:
     input_tokens: int
     output_tokens: int
     cost: float
+    #: The caller's organisation (None: the run had no keys).
+    org: str | None = None
 
 
 @attrs.define
@@ -68,7 +73,9 @@ def condition_at(scenario: Scenario, provider: str, t: float, seed: int) -> dict
         refuse += fault.refused
         empty += fault.empty
         cut += fault.cut
+    limit = {} if spec.concurrency is None else {"max_concurrency": spec.concurrency}
     return {
+        **limit,
         "first_token_delay_s": round(spec.first_token_ms * multiplier * scale / 1000, 6),
         "token_delay_s": round(spec.token_ms * scale / 1000, 6),
         "errors": errors,
@@ -131,6 +138,7 @@ async def _sample(
     session: aiohttp.ClientSession,
     now: Callable[[], float],
     samples: list[Sample],
+    capacity: bool = False,
 ) -> None:
     while True:
         t = now()
@@ -146,7 +154,13 @@ async def _sample(
                             "ramp": b.get("ramp"),
                             "error_rate": (b.get("window") or {}).get("error_rate"),
                         }
-        samples.append(Sample(t, bindings))
+        rule: dict[str, Any] | None = None
+        if capacity:
+            with contextlib.suppress(aiohttp.ClientError, ValueError):
+                async with session.get(f"{gateway}/prism/capacity") as response:
+                    if response.status == 200:
+                        rule = await response.json()
+        samples.append(Sample(t, bindings, rule))
         await asyncio.sleep(max(0.02, 0.25 * scenario.time_scale))
 
 
@@ -157,11 +171,12 @@ def _read_ledgers(directory: Path, replicas: int) -> list[LedgerRow]:
         if not path.exists():
             continue
         with contextlib.closing(sqlite3.connect(path)) as db:
-            for model, provider, upstream, tin, tout, nanos in db.execute(
-                "SELECT model, provider, upstream_model, input_tokens, output_tokens, cost_nanos"
-                " FROM ledger WHERE traffic = 'customer' AND provider IS NOT NULL"
+            for model, provider, upstream, tin, tout, nanos, org in db.execute(
+                "SELECT model, provider, upstream_model, input_tokens, output_tokens, cost_nanos,"
+                " org FROM ledger WHERE traffic = 'customer' AND provider IS NOT NULL"
             ):
-                rows.append(LedgerRow(model, f"{provider}/{upstream}", tin, tout, nanos / 1e9))
+                binding = f"{provider}/{upstream}"
+                rows.append(LedgerRow(model, binding, tin, tout, nanos / 1e9, org))
     return rows
 
 
@@ -174,12 +189,15 @@ async def run_variant(scenario: Scenario, variant: Variant, directory: Path) -> 
         fake = await processes.fake_upstream()
         redis = await processes.redis() if scenario.replicas > 1 else None
         urls = []
+        keys: dict[str, str] = {}
         for i in range(scenario.replicas):
             port = free_port()
             ini = write_gateway_config(
                 scenario, variant, directory / "gateway",
                 fake_url=fake, port=port, replica=i, redis_url=redis,
             )  # fmt: skip
+            if i == 0:
+                keys = await create_keys(ini, organisations(scenario))
             try:
                 urls.append(await processes.gateway(f"gateway{i}", ini, port))
             except LabError as exc:
@@ -197,10 +215,12 @@ async def run_variant(scenario: Scenario, variant: Variant, directory: Path) -> 
 
             background = [
                 asyncio.create_task(weather.follow(now)),
-                asyncio.create_task(_sample(scenario, urls[0], control, now, samples)),
+                asyncio.create_task(
+                    _sample(scenario, urls[0], control, now, samples, variant.metrics is not None)
+                ),
             ]
             try:
-                await drive_traffic(scenario, urls, now, calls)
+                await drive_traffic(scenario, urls, now, calls, keys)
             finally:
                 for task in background:
                     task.cancel()
@@ -215,6 +235,28 @@ async def run_variant(scenario: Scenario, variant: Variant, directory: Path) -> 
         await processes.close()
     ledger = _read_ledgers(directory / "gateway", scenario.replicas) if variant.billing else []
     return VariantRun(variant, calls, samples, ledger, weather.sick_calls)
+
+
+async def create_keys(ini: Path, orgs: Sequence[str]) -> dict[str, str]:
+    """One key per organisation, made with ``prism keys create`` in the variant's key database.
+
+    The keys live in this process only: the command's output is read here and
+    never written to a log (the database keeps their hashes).
+    """
+    keys: dict[str, str] = {}
+    for org in orgs:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "prism_proxy.cli", "keys", "create",
+            "--org", org, "--scopes", "*", "--config", str(ini),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL, cwd=ini.parent,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        found = [w for w in out.decode().split() if w.startswith("sk-prism-")]
+        if process.returncode != 0 or len(found) != 1:
+            raise LabError(f"prism keys create --org {org} failed: {err.decode().strip()[-300:]}")
+        keys[org] = found[0]
+    return keys
 
 
 def prices(scenario: Scenario) -> Mapping[str, Mapping[str, float]]:

@@ -7,6 +7,7 @@ the key named, before anything starts.
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,6 +45,8 @@ class Provider:
     #: Normal first-token latency and gap between streamed tokens (scenario ms).
     first_token_ms: float
     token_ms: float
+    #: The upstream's own concurrency: requests beyond it wait in arrival order (None: no limit).
+    concurrency: int | None = None
 
 
 @attrs.frozen
@@ -79,13 +82,37 @@ class Fault:
         return 1.0 + (self.latency_x - 1.0) * min(1.0, (t - self.start_s) / self.ramp_s)
 
 
+_WIRES = ("openai", "anthropic")
+
+
 @attrs.frozen
 class Traffic:
-    #: Calls per scenario second, per catalog model.
+    """One kind of client: its rates, and who it is (organisation, region, wire)."""
+
+    #: Calls per scenario second, per catalog model (a scheduled model: its highest rate).
     rate: Mapping[str, float]
     stream_share: float
     prompt_words: tuple[int, int]
     max_tokens: int
+    #: The organisation the calls carry a key of (None: no key).
+    org: str | None = None
+    #: The caller's region, sent as ``x-prism-regions`` (None: not sent).
+    region: str | None = None
+    #: ``openai`` (``/v1/chat/completions``) or ``anthropic`` (``/v1/messages``).
+    wire: str = "openai"
+    #: Per model, a rate that varies: ``(t_s, calls per second)`` points, linear between.
+    schedule: Mapping[str, tuple[tuple[float, float], ...]] = attrs.field(factory=dict)
+
+    def rate_at(self, model: str, t: float) -> float:
+        points = self.schedule.get(model)
+        if not points:
+            return self.rate[model]
+        if t <= points[0][0]:
+            return points[0][1]
+        for (t0, r0), (t1, r1) in itertools.pairwise(points):
+            if t < t1:
+                return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+        return points[-1][1]
 
 
 @attrs.frozen
@@ -97,6 +124,8 @@ class Variant:
     breaker: Mapping[str, Any] | None
     models: Mapping[str, Mapping[str, Any]]
     billing: bool
+    #: ``[prism:metrics]`` keys (None: prism-metrics not loaded); the capacity rule lives there.
+    metrics: Mapping[str, Any] | None = None
 
 
 @attrs.frozen
@@ -111,7 +140,8 @@ class Scenario:
     providers: Mapping[str, Provider]
     #: Catalog models: name → chain lines (dicts as the catalog takes them) and keys.
     models: Mapping[str, Mapping[str, Any]]
-    traffic: Traffic
+    #: One entry per kind of client (``[traffic]`` or ``[[traffic]]``).
+    traffic: tuple[Traffic, ...]
     faults: tuple[Fault, ...]
     variants: tuple[Variant, ...]
 
@@ -188,14 +218,26 @@ def _fraction(r: _Reader, name: str) -> float:
 def _provider(file: Path, name: str, table: object) -> Provider:
     if not isinstance(table, dict):
         raise ScenarioError(file, f"providers.{name}", "must be a table")
-    r = _Reader(file, f"providers.{name}", table, ("kind", "region", "first_token_ms", "token_ms"))
+    r = _Reader(
+        file,
+        f"providers.{name}",
+        table,
+        ("kind", "region", "first_token_ms", "token_ms", "concurrency"),
+    )
     kind = r.text("kind", "openai")
     if kind not in _KINDS:
         raise r.error("kind", f"must be one of {', '.join(_KINDS)}, got {kind!r}")
     region = table.get("region")
     if region is not None and not isinstance(region, str):
         raise r.error("region", f"must be text, got {region!r}")
-    return Provider(name, region, r.number("first_token_ms", 300.0), r.number("token_ms", 10.0))
+    concurrency = r.integer("concurrency", 0, low=1) if "concurrency" in table else None
+    return Provider(
+        name,
+        region,
+        r.number("first_token_ms", 300.0),
+        r.number("token_ms", 10.0),
+        concurrency,
+    )
 
 
 def _fault(file: Path, i: int, table: object, providers: Mapping[str, Provider]) -> Fault:
@@ -256,18 +298,51 @@ def _models(file: Path, table: object, providers: Mapping[str, Provider]) -> dic
     return dict(table)
 
 
-def _traffic(file: Path, table: object, models: Mapping[str, Any]) -> Traffic:
+_TRAFFIC_KEYS = (
+    "rate", "stream_share", "prompt_words", "max_tokens", "org", "region", "wire",
+)  # fmt: skip
+
+
+def _schedule(r: _Reader, model: str, points: list[Any]) -> tuple[tuple[float, float], ...]:
+    """``[[t_s, rate], ...]``: times rising from 0, rates at least 0, one above 0."""
+    out: list[tuple[float, float]] = []
+    for point in points:
+        if (
+            not isinstance(point, list)
+            or len(point) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in point)
+            or point[1] < 0
+        ):
+            raise r.error(
+                model, f"schedule points must be [t_s, calls per second >= 0], got {point!r}"
+            )
+        if out and point[0] <= out[-1][0]:
+            raise r.error(model, f"schedule times must rise, got {point[0]} after {out[-1][0]}")
+        out.append((float(point[0]), float(point[1])))
+    if not out or out[0][0] != 0:
+        raise r.error(model, "a schedule starts at t_s = 0, e.g. [[0, 2], [60, 8]]")
+    if max(v for _, v in out) < 0.001:
+        raise r.error(model, "a schedule needs a rate of at least 0.001 somewhere")
+    return tuple(out)
+
+
+def _traffic_entry(file: Path, key: str, table: object, models: Mapping[str, Any]) -> Traffic:
     if not isinstance(table, dict):
-        raise ScenarioError(file, "traffic", "required: a table")
-    r = _Reader(file, "traffic", table, ("rate", "stream_share", "prompt_words", "max_tokens"))
+        raise ScenarioError(file, key, "must be a table")
+    r = _Reader(file, key, table, _TRAFFIC_KEYS)
     rates_r = r.sub("rate")
     if not rates_r.table:
         raise r.error("rate", "required: calls per second per model, e.g. rate = { chat = 10 }")
-    rate = {}
-    for model in rates_r.table:
+    rate: dict[str, float] = {}
+    schedule: dict[str, tuple[tuple[float, float], ...]] = {}
+    for model, value in rates_r.table.items():
         if model not in models:
             raise rates_r.error(model, f"unknown model (known: {', '.join(models)})")
-        rate[model] = rates_r.number(model, low=0.001)
+        if isinstance(value, list):
+            schedule[model] = _schedule(rates_r, model, value)
+            rate[model] = max(v for _, v in schedule[model])
+        else:
+            rate[model] = rates_r.number(model, low=0.001)
     words = table.get("prompt_words", [20, 200])
     if (
         not isinstance(words, list)
@@ -276,19 +351,43 @@ def _traffic(file: Path, table: object, models: Mapping[str, Any]) -> Traffic:
         or words[0] > words[1]
     ):
         raise r.error("prompt_words", f"must be [low, high] whole numbers >= 1, got {words!r}")
+    org = r.text("org") if "org" in table else None
+    if org is not None and not (org and len(org) <= 64 and org.replace("-", "").isalnum()):
+        raise r.error("org", f"must be a name of letters, digits and '-', got {org!r}")
+    region = r.text("region") if "region" in table else None
+    if region is not None and not region:
+        raise r.error("region", "must be a region name, got ''")
+    wire = r.text("wire", "openai")
+    if wire not in _WIRES:
+        raise r.error("wire", f"must be one of {', '.join(_WIRES)}, got {wire!r}")
     return Traffic(
         rate=rate,
         stream_share=_fraction(r, "stream_share") if "stream_share" in table else 0.5,
         prompt_words=(words[0], words[1]),
         max_tokens=r.integer("max_tokens", 16, low=1),
+        org=org,
+        region=region,
+        wire=wire,
+        schedule=schedule,
     )
+
+
+def _traffic(file: Path, table: object, models: Mapping[str, Any]) -> tuple[Traffic, ...]:
+    if isinstance(table, dict):
+        return (_traffic_entry(file, "traffic", table, models),)
+    if not isinstance(table, list) or not table:
+        raise ScenarioError(file, "traffic", "required: a [traffic] table or [[traffic]] entries")
+    return tuple(_traffic_entry(file, f"traffic[{i}]", t, models) for i, t in enumerate(table))
 
 
 def _variant(file: Path, name: str, table: object, models: Mapping[str, Any]) -> Variant:
     if not isinstance(table, dict):
         raise ScenarioError(file, f"variants.{name}", "must be a table")
     r = _Reader(
-        file, f"variants.{name}", table, ("description", "prism", "breaker", "models", "billing")
+        file,
+        f"variants.{name}",
+        table,
+        ("description", "prism", "breaker", "models", "billing", "metrics"),
     )
     breaker_raw = table.get("breaker", {})
     if breaker_raw is False:
@@ -305,6 +404,9 @@ def _variant(file: Path, name: str, table: object, models: Mapping[str, Any]) ->
     billing = table.get("billing", True)
     if not isinstance(billing, bool):
         raise r.error("billing", f"must be true or false, got {billing!r}")
+    metrics_raw = table.get("metrics", False)
+    if metrics_raw is not False and not isinstance(metrics_raw, dict):
+        raise r.error("metrics", "must be a table of [prism:metrics] keys, or false for none")
     return Variant(
         name=name,
         description=r.text("description", ""),
@@ -312,6 +414,7 @@ def _variant(file: Path, name: str, table: object, models: Mapping[str, Any]) ->
         breaker=breaker,
         models={m: dict(v) for m, v in per_model.table.items()},
         billing=billing,
+        metrics=None if metrics_raw is False else dict(metrics_raw),
     )
 
 

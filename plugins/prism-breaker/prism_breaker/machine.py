@@ -30,6 +30,7 @@ from .health import (
     State,
     Transition,
 )
+from .predictor import Predictions
 from .settings import Settings
 from .trackers import ErrorWindow, LatencyTrack, Slowness
 
@@ -60,6 +61,8 @@ class Machine:
         self.bindings: dict[str, BindingHealth] = {}
         self.outbox: list[Transition] = []
         self._tokens = itertools.count(1)
+        #: The opt-in predictor's per-binding history (``[prism:breaker] predictor``).
+        self.predictions = Predictions()
 
     # -- reading -------------------------------------------------------------
 
@@ -336,8 +339,11 @@ class Machine:
         return kind == STREAM or self.settings.latency_whole_body
 
     def _suspicion(self, b: BindingHealth, now: float, *, clear: bool = True) -> Transition | None:
-        """eligible <-> suspect: some policy is at least half-way to a trip."""
-        if b.state is _ELIGIBLE and not b.consecutive:
+        """eligible <-> suspect: some policy is at least half-way to a trip, or the
+        predictor (opt-in) expects the chain to become unavailable soon."""
+        model = self.settings.active_predictor
+        predicted = None if model is None else self.predictions.reason(model, b, now)
+        if predicted is None and b.state is _ELIGIBLE and not b.consecutive:
             errors = b.errors
             if not errors.own_failures and not errors.others[1]:
                 for track in b.latency.values():
@@ -369,6 +375,8 @@ class Machine:
                         f"{kind} latency slow for {track.slow_for(now):.0f} s "
                         f"({track.slow_count} slow answers)"
                     )
+        if predicted is not None:
+            reasons.append(predicted)
         if reasons and b.state is State.ELIGIBLE:
             return self._move(b, State.SUSPECT, "; ".join(reasons), now, self.evidence(b, now))
         if not reasons and b.state is State.SUSPECT and clear:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from prism_proxy import Catalog, Config, ConfigError, Section, read_settings, setting
+
+from .predictor import Model, ModelError, load_model
 
 __all__ = ["MEMORY", "POLICIES", "SECTION", "Settings"]
 
@@ -15,6 +19,8 @@ SECTION = "breaker"
 MEMORY = ":memory:"
 POLICIES = frozenset({"consecutive", "error_rate", "latency"})
 _DEFAULT_FILE = "prism-breaker.sqlite"
+
+log = logging.getLogger("prism.breaker")
 
 
 def _policies(section: Section, key: str, default: frozenset[str]) -> frozenset[str]:
@@ -34,6 +40,19 @@ def _fraction(section: Section, key: str, default: float) -> float:
     if not 0.0 < value < 1.0:
         raise section.error(key, f"must be a fraction between 0 and 1 (exclusive), got {value}")
     return value
+
+
+def _predictor(section: Section, key: str, default: Model | None) -> Model | None:
+    text = section.get_str(key, None)
+    if not text:
+        return default
+    path = Path(text)
+    if not path.is_absolute():
+        path = Path(section.source).parent / path
+    try:
+        return load_model(path)
+    except ModelError as exc:
+        raise section.error(key, f"{path}: {exc}") from None
 
 
 def _resolved(section: Section, key: str, default: str) -> str:
@@ -147,6 +166,24 @@ class Settings:
         help="after a restoration the binding takes a growing share of calls, from 10% to all "
         "over this many seconds (slow start); 0: all at once",
     )
+    predictor: Model | None = setting(
+        None,
+        help="a health model written by `prism-lab predict` (JSON): when its probability that "
+        "the chain is unavailable within its horizon passes its threshold, an eligible binding "
+        "turns `suspect` (never isolated); used only if its held-out precision reaches "
+        "`predictor_precision_floor`; relative paths resolve against the config file's "
+        "directory",
+        parse=_predictor,
+        type_text="path",
+        default_text="off",
+    )
+    predictor_precision_floor: float = setting(
+        0.9,
+        min=0.0,
+        max=1.0,
+        help="the held-out precision a `predictor` model must have recorded to be used; below "
+        "it the model is ignored, with one WARNING at start saying why",
+    )
     #: Bindings whose catalog line says ``restore = "manual"``: a passed trial waits
     #: for an operator's release.
     manual: frozenset[str] = frozenset()
@@ -165,6 +202,23 @@ class Settings:
                 f"must be longer than latency_sustain_s ({self.latency_sustain_s:g}): the "
                 "baseline median needs history from before the slow period",
             )
+        model = self.predictor
+        if model is not None and model.precision < self.predictor_precision_floor:
+            log.warning(
+                "%s: not used: its held-out precision %.3f is below predictor_precision_floor "
+                "%.3f (a suspicion it raised would more often be wrong than the floor allows)",
+                section.warning("predictor", model.source),
+                model.precision,
+                self.predictor_precision_floor,
+            )
+
+    @property
+    def active_predictor(self) -> Model | None:
+        """The predictor model, if one is set and its held-out precision reaches the floor."""
+        model = self.predictor
+        if model is None or model.precision < self.predictor_precision_floor:
+            return None
+        return model
 
     @classmethod
     def from_config(cls, config: Config, catalog: Catalog | None = None) -> Settings:
