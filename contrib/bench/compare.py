@@ -120,6 +120,14 @@ def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
             hidden = shadow_new_plugins(tree, work / "shadows")
             if hidden:
                 print(f"not in {args.revision}, hidden from it: {', '.join(sorted(hidden))}")
+            # A build without limits, cache or responses cannot serve today's full profile
+            # (its keys CLI knows no limits, its core no cache section): both builds then
+            # get the classic one, as with --classic.
+            lacking = {f"prism-{name}" for name in ("limits", "cache", "responses")} & set(hidden)
+            classic = args.classic or bool(lacking)
+            if classic and "full" in profiles:
+                why = "--classic" if args.classic else f"{args.revision} lacks {sorted(lacking)}"
+                print(f"full profile: the classic one, for both builds ({why})")
             before = old_path(tree, work / "shadows")
             for build, pythonpath in (("before", before), ("after", None)):
                 env = server_env()
@@ -132,14 +140,17 @@ def compare(args: argparse.Namespace, wrk: str, work: Path) -> None:
                     here.mkdir()
                     key = None
                     if profile == "full":
-                        ini, key = write_full_profile(here, port, base, env=env)
+                        ini, key = write_full_profile(here, port, base, env=env, classic=classic)
                     else:
                         ini = write_prism_config(here, port, base)
                     server = start_prism(servers, name, ini, under_test, env)
                     wait_ready(server, port, "/readyz")
                     url = f"http://{HOST}:{port}/v1/chat/completions"
                     label = f"{profile} {build}"
-                    targets.append(Target(name, label, url, server.proc.pid, key_header=key))
+                    distinct = profile == "full" and not classic
+                    targets.append(
+                        Target(name, label, url, server.proc.pid, key_header=key, distinct=distinct)
+                    )
             results = measure(
                 wrk, targets, args.duration, args.warmup, args.rounds, sys.stdout, load
             )
@@ -156,6 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("revision", help="the git revision to compare this checkout against")
     parser.add_argument("--profile", choices=("default", "full", "both"), default="both")
+    parser.add_argument(
+        "--classic",
+        action="store_true",
+        help="the full profile without limits, cache and responses (chosen by itself when "
+        "the other revision lacks one of them)",
+    )
     parser.add_argument("--duration", type=int, default=3, help="seconds per round (3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per cell (3)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per cell (1)")

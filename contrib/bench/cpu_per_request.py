@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,7 @@ from pathlib import Path
 
 from proc import cpu_seconds, split_cpus, thread_times
 from profiles import (
+    CLASSIC_PLUGINS,
     FULL_PLUGINS,
     LIMITS_VARIANTS,
     LimitsVariant,
@@ -95,7 +97,8 @@ async def load(
     """Run wrk against ``port``; the requests it completed, and how many were not 2xx.
 
     ``api``: ``chat`` (``/v1/chat/completions``), ``responses`` (``/v1/responses``)
-    or ``no-cache`` (chat with ``Cache-Control: no-cache``: a cache's miss, stored).
+    or ``no-cache`` (chat with ``Cache-Control: no-cache``: a cache's miss, stored),
+    ``distinct`` (chat, every prompt distinct: the full profile's cache misses each).
     """
     env = {
         **os.environ,
@@ -103,6 +106,8 @@ async def load(
         "BENCH_KEY": key or "",
         "BENCH_API": api,
         "BENCH_HEADERS": "Cache-Control: no-cache" if api == "no-cache" else "",
+        # Every prompt distinct, unlike any of an earlier run: the full profile's cache misses.
+        "BENCH_DISTINCT": secrets.token_hex(6) if api == "distinct" else "",
     }
     path = "/v1/responses" if api == "responses" else "/v1/chat/completions"
     wrk = await asyncio.create_subprocess_exec(
@@ -198,17 +203,21 @@ async def main(
             cached = start([BIN / "prism", "serve", "--config", ini], under_test)
             targets.append(("prism cache hit", cached, port, None, "chat"))
             targets.append(("prism cache miss", cached, port, None, "no-cache"))
-        if profile in ("full", "limits"):
+        if profile in ("full", "full-classic", "limits"):
             # Prism as operators run it, and once without each plugin: its marginal cost.
-            left_outs = (None, *FULL_PLUGINS) if profile == "full" else (None,)
+            classic = profile != "full"
+            plugins = CLASSIC_PLUGINS if classic else FULL_PLUGINS
+            left_outs = (None, *plugins) if profile != "limits" else (None,)
             for i, left_out in enumerate(left_outs):
                 name = "full" if left_out is None else f"full -{left_out}"
                 port = FULL_BASE + i
                 ini, key = write_full_profile(
-                    Path(scratch) / name.replace(" ", ""), port, upstream_base, without=left_out
-                )
+                    Path(scratch) / name.replace(" ", ""), port, upstream_base,
+                    without=left_out, classic=classic,
+                )  # fmt: skip
                 argv: list[str | Path] = [BIN / "prism", "serve", "--config", ini]
-                targets.append((name, start(argv, under_test), port, key, "chat"))
+                api = "chat" if classic else "distinct"
+                targets.append((name, start(argv, under_test), port, key, api))
         variants: dict[str, tuple[LimitsVariant, int, str | None]] = {}
         prefixes: list[str] = []
         if profile == "limits":
@@ -315,9 +324,9 @@ async def main(
                         f"  {name:20} non-stream {ratios[0]:.2f}x ({extra[0]:+4.0f} us)   "
                         f"stream {ratios[1]:.2f}x ({extra[1]:+4.0f} us)"
                     )
-            if profile == "full":
+            if profile in ("full", "full-classic"):
                 print("\nmarginal CPU per request (full minus full without the plugin):")
-                for plugin in FULL_PLUGINS:
+                for plugin in FULL_PLUGINS if profile == "full" else CLASSIC_PLUGINS:
                     costs = [
                         cpu["full", stream] - cpu[f"full -{plugin}", stream]
                         for stream in (False, True)

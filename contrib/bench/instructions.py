@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -64,14 +65,25 @@ class Proxy:
     key: str | None = None
     #: The limits profile's variant it is (checked after counting), if any.
     variant: LimitsVariant | None = None
+    #: Every prompt distinct (the full profile: its cache misses every call).
+    distinct: bool = False
 
 
 async def drive(
-    port: int, count: int, concurrency: int, stream: bool, ready_path: str, key: str | None = None
+    port: int,
+    count: int,
+    concurrency: int,
+    stream: bool,
+    ready_path: str,
+    key: str | None = None,
+    distinct: bool = False,
 ) -> None:
-    """Send ``count`` chat requests to the proxy, reading every answer to its end."""
+    """Send ``count`` chat requests to the proxy, reading every answer to its end
+    (``distinct``: each prompt ends with a mark no other request has)."""
     url = f"http://127.0.0.1:{port}"
     body = BODY + (b',"stream":true}' if stream else b"}")
+    word = secrets.token_hex(6).encode()
+    sent = 0
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
@@ -87,12 +99,14 @@ async def drive(
         left = count
 
         async def worker() -> None:
-            nonlocal left
+            nonlocal left, sent
             while left > 0:
                 left -= 1
+                sent += 1
+                mark = b" #%s-%d" % (word, sent)
                 async with session.post(
                     url + "/v1/chat/completions",
-                    data=body,
+                    data=body.replace(b'words."', b"words." + mark + b'"') if distinct else body,
                     headers=headers,
                 ) as response:
                     await response.read()
@@ -132,13 +146,17 @@ def count(proxy: Proxy, port: int, stream: bool, args: argparse.Namespace, name:
             stderr=subprocess.DEVNULL,
         )
         try:
-            warm = drive(port, args.warmup, args.concurrency, stream, proxy.ready_path, proxy.key)
+            warm = drive(
+                port, args.warmup, args.concurrency, stream, proxy.ready_path, proxy.key,
+                proxy.distinct,
+            )  # fmt: skip
             asyncio.run(warm)
             toggle = ["callgrind_control", "--instr"]
             subprocess.run([*toggle, "on", str(process.pid)], capture_output=True, check=True)
             counted = drive(
-                port, args.requests, args.concurrency, stream, proxy.ready_path, proxy.key
-            )
+                port, args.requests, args.concurrency, stream, proxy.ready_path, proxy.key,
+                proxy.distinct,
+            )  # fmt: skip
             asyncio.run(counted)
             subprocess.run([*toggle, "off", str(process.pid)], capture_output=True, check=True)
             if proxy.variant is not None:
@@ -172,14 +190,17 @@ def proxies_of(
         ),
         "prism": Proxy([str(BIN / "prism"), "serve", "--config", str(config)]),
     }
-    if args.profile in ("full", "limits"):
+    if args.profile in ("full", "full-classic", "limits"):
         # Every bundled plugin on; with --without, that plugin is left out of it.
+        classic = args.profile != "full"
         for left_out in (None, *args.without):
             name = "full" if left_out is None else f"full -{left_out}"
             ini, key = write_full_profile(
-                scratch / name.replace(" ", ""), port, upstream_base, without=left_out
-            )
-            proxies[name] = Proxy([str(BIN / "prism"), "serve", "--config", str(ini)], key=key)
+                scratch / name.replace(" ", ""), port, upstream_base, without=left_out,
+                classic=classic,
+            )  # fmt: skip
+            argv = [str(BIN / "prism"), "serve", "--config", str(ini)]
+            proxies[name] = Proxy(argv, key=key, distinct=not classic)
     if args.profile == "limits":
         url = args.redis or LOCAL_REDIS
         away = redis_answers(url)

@@ -12,6 +12,12 @@
 --                    Applied after BENCH_KEY and Content-Type: a line naming one of
 --                    them (in any case) replaces it. A line without a colon is an
 --                    error (wrk reports it and prints no BENCH_JSON line).
+--   BENCH_DISTINCT   a word unique to this wrk run: every request's prompt then ends with
+--                    "#<word>-<thread>-<counter>", so no two requests are alike (a response
+--                    cache misses every one). wrk then builds each request in request().
+--   BENCH_PORTS      ports of 127.0.0.1, comma-separated: wrk's threads connect to them
+--                    in turn (thread 1 to the first, thread 2 to the second, ...), so that
+--                    -t2 splits the load between two gateways (the Host header is the URL's)
 --
 -- done() prints one machine-readable line, "BENCH_JSON {...}", that run.py parses.
 -- Latencies are in microseconds. errors.status counts HTTP responses >= 400
@@ -42,15 +48,39 @@ if extra and extra ~= "" then
         end
     end
 end
+local head, tail
 if os.getenv("BENCH_API") == "responses" then
-    wrk.body = '{"model":"' .. model .. '","input":"Say hello in ten words."'
-        .. (stream and ',"stream":true' or '')
-        .. '}'
+    head = '{"model":"' .. model .. '","input":"Say hello in ten words.'
+    tail = '"' .. (stream and ',"stream":true' or '') .. '}'
 else
-    wrk.body = '{"model":"' .. model .. '",'
-        .. '"messages":[{"role":"user","content":"Say hello in ten words."}]'
-        .. (stream and ',"stream":true' or '')
-        .. '}'
+    head = '{"model":"' .. model .. '",'
+        .. '"messages":[{"role":"user","content":"Say hello in ten words.'
+    tail = '"}]' .. (stream and ',"stream":true' or '') .. '}'
+end
+wrk.body = head .. tail
+
+local threads = 0
+local ports = {}
+for port in string.gmatch(os.getenv("BENCH_PORTS") or "", "%d+") do
+    table.insert(ports, port)
+end
+
+function setup(thread)
+    threads = threads + 1
+    thread:set("thread_number", threads)
+    if #ports > 0 then
+        thread.addr = wrk.lookup("127.0.0.1", ports[(threads - 1) % #ports + 1])[1]
+    end
+end
+
+local distinct = os.getenv("BENCH_DISTINCT")
+if distinct and distinct ~= "" then
+    local counter = 0
+    function request()
+        counter = counter + 1
+        local mark = " #" .. distinct .. "-" .. tostring(thread_number) .. "-" .. counter
+        return wrk.format(nil, nil, nil, head .. mark .. tail)
+    end
 end
 
 function done(summary, latency, requests)

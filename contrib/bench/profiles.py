@@ -2,9 +2,16 @@
 
 keys (the load generator sends a real key), billing (prices, the ledger on
 SQLite at ``synchronous = full``), the breaker, regions (an allowed region by
-default), 200 routing rules of which none match, metrics and the timeout
-header.  ``without`` leaves one plugin out (and the configuration only it
-reads), so that full minus that plugin shows what the plugin costs.
+default), 200 routing rules of which none match, metrics, the timeout header,
+prism-limits with one limit of each kind applying to the key's organisation,
+prism-cache (memory store, the model's answers all cacheable: the load sends
+every prompt distinct, so every call is a miss that is stored) and
+prism-responses loaded while the load calls chat.  ``without`` leaves one
+plugin out (and the configuration only it reads), so that full minus that
+plugin shows what the plugin costs.  ``classic=True`` is the full profile as
+it was before limits, cache and responses joined it (:data:`CLASSIC_PLUGINS`):
+the base of the limits profile, and what ``compare.py`` serves a build that
+lacks those plugins.
 
 The ``limits`` profile is the full profile plus prism-limits, in the variants
 of :data:`LIMITS_VARIANTS`: no limit applying to the bench key's organisation,
@@ -28,7 +35,9 @@ from pathlib import Path
 
 __all__ = [
     "BENCH_LIMITS",
+    "CLASSIC_PLUGINS",
     "FULL_PLUGINS",
+    "Fleet",
     "LIMITS_VARIANTS",
     "RULES",
     "LimitsVariant",
@@ -41,8 +50,11 @@ __all__ = [
     "write_full_profile",
 ]
 
-#: The plugins the full profile turns on (the provider kind is always there).
-FULL_PLUGINS = ("keys", "billing", "breaker", "regions", "rules", "metrics", "timeout-header")
+#: The plugins the classic full profile turns on (the provider kind is always there).
+CLASSIC_PLUGINS = ("keys", "billing", "breaker", "regions", "rules", "metrics", "timeout-header")
+#: The plugins the full profile turns on: the classic ones, limits that apply, a cache
+#: that misses every time, and the Responses API loaded but off the measured path.
+FULL_PLUGINS = (*CLASSIC_PLUGINS, "limits", "cache", "responses")
 RULES = 200
 MODEL = "bench"
 #: The bench organisation's limits when they apply: one of each kind, all high enough
@@ -58,6 +70,15 @@ BENCH_LIMITS = (
 #: reply waits out other calls' work at a fiftieth of the speed, and the bench must
 #: measure the fleet's counters, not the fallback to local ones.
 REDIS_TIMEOUT_MS = 5000
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Where a fleet profile's gateways share their state (``fleet.py`` makes it)."""
+
+    postgres_url: str
+    redis_url: str
+    prefix: str
 
 
 @dataclass(frozen=True)
@@ -85,14 +106,22 @@ LIMITS_VARIANTS = (
 )
 
 
-def add_profile(parser: argparse.ArgumentParser, full: str, limits: str | None = None) -> None:
-    """``--profile default|full`` (``|limits`` when ``limits`` says what that adds)."""
-    choices = ("default", "full") if limits is None else ("default", "full", "limits")
-    text = f"full: {full}" + ("" if limits is None else f"; limits: {limits}")
+def add_profile(
+    parser: argparse.ArgumentParser, full: str, limits: str | None = None, fleet: str | None = None
+) -> None:
+    """``--profile default|full|full-classic`` (``|limits``, ``|fleet`` when ``limits``,
+    ``fleet`` say what those add)."""
+    extra = {"limits": limits, "fleet": fleet}
+    choices = ["default", "full", "full-classic", *(k for k, v in extra.items() if v)]
+    text = (
+        f"full: {full}; full-classic: the same as before limits, cache and responses "
+        "joined the full profile"
+        + "".join(f"; {name}: {what}" for name, what in extra.items() if what)
+    )
     parser.add_argument("--profile", choices=choices, default="default", help=text)
 
 
-def _catalog(upstream_base: str, without: str | None) -> str:
+def _catalog(upstream_base: str, without: str | None, cache: bool) -> str:
     price = ", price = { input = 1.0, output = 2.0 }" if without != "billing" else ""
     out = [
         "[providers.upstream]",
@@ -103,6 +132,9 @@ def _catalog(upstream_base: str, without: str | None) -> str:
         f"[models.{MODEL}]",
         f'chain = [ {{ provider = "upstream", model = "{MODEL}"{price} }} ]',
     ]
+    if cache:
+        # The bench's request sets no temperature: the model says any answer may be kept.
+        out.append('cache = "all"')
     if without != "rules":
         for i in range(RULES):
             out += [
@@ -123,22 +155,41 @@ def write_full_profile(
     variant: LimitsVariant | None = None,
     redis: tuple[str, str] | None = None,
     env: Mapping[str, str] | None = None,
+    classic: bool = False,
+    fleet: Fleet | None = None,
 ) -> tuple[Path, str | None]:
     """The configuration (and the API key the load must send, None without keys).
 
-    With ``variant``, the limits profile's target it names; ``redis`` is then the
-    URL and the key prefix of the Redis its state is shared in (if it uses one).
+    With ``variant``, the limits profile's target it names (on the classic full
+    profile); ``redis`` is then the URL and the key prefix of the Redis its state
+    is shared in (if it uses one).  With ``fleet``, the full profile on shared
+    state: keys and the ledger in PostgreSQL, the breaker's state, the limits'
+    counters and the cache in Redis.
     """
     from run import installed_plugin_names
 
+    classic = classic or variant is not None
+    plugins = CLASSIC_PLUGINS if classic else FULL_PLUGINS
+    cache = "cache" in plugins and without != "cache"
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "catalog.toml").write_text(_catalog(upstream_base, without))
-    keep = {"openai", *FULL_PLUGINS} - {without}
+    (directory / "catalog.toml").write_text(_catalog(upstream_base, without, cache))
+    keep = {"openai", *plugins} - {without}
     sections = {
         "keys": "[prism:keys]\ndb_path = keys.sqlite\n",
         "billing": "[prism:billing]\nledger_path = ledger.sqlite\nsynchronous = full\n",
         "regions": "[prism:regions]\ndefault = eu-west-1\n",
     }
+    if cache:
+        sections["cache"] = "[prism:cache]\nstore = memory\n"
+    if fleet is not None:
+        keep.add("redis")
+        sections["keys"] = f"[prism:keys]\ndb_url = {fleet.postgres_url}\n"
+        sections["billing"] = (
+            f"[prism:billing]\nledger_url = {fleet.postgres_url}\nspool_path = off\n"
+        )
+        sections["redis"] = f"[prism:redis]\nurl = {fleet.redis_url}\nkey_prefix = {fleet.prefix}\n"
+        if cache:
+            sections["cache"] = "[prism:cache]\nstore = redis\n"
     if variant is not None and variant.limits:
         keep.add("limits")
     if variant is not None and variant.redis:
@@ -163,8 +214,9 @@ def write_full_profile(
     key = None
     if without != "keys":
         key = _create_key(ini, env=env)
-        if variant is not None and variant.applying:
-            _keys_cli(ini, "org-set", "bench", *BENCH_LIMITS)
+        applying = variant.applying if variant is not None else "limits" in keep
+        if applying:
+            _keys_cli(ini, "org-set", "bench", *BENCH_LIMITS, env=env)
     return ini, key
 
 
