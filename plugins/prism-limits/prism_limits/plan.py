@@ -76,30 +76,41 @@ class Plan:
         """OpenAI's rate-limit headers for the tightest rpm and tpm, and the budget left."""
         if not readings:
             return
-        indices = self.requests
-        if indices:
-            at = indices[0] if len(indices) == 1 else _tightest(indices, readings)
-            remaining, reset, _ = readings[at]
-            value = asks[at].value
-            headers["x-ratelimit-limit-requests"] = self.texts[at] if value < 0 else str(value)
-            headers["x-ratelimit-remaining-requests"] = str(remaining)
-            headers["x-ratelimit-reset-requests"] = (
-                _SECONDS[round(reset)] if 0.0 < reset < 120.0 else reset_text(reset)
-            )
-        indices = self.tokens
-        if indices:
-            at = indices[0] if len(indices) == 1 else _tightest(indices, readings)
-            remaining, reset, _ = readings[at]
-            value = asks[at].value
-            headers["x-ratelimit-limit-tokens"] = self.texts[at] if value < 0 else str(value)
-            headers["x-ratelimit-remaining-tokens"] = str(remaining)
-            headers["x-ratelimit-reset-tokens"] = (
-                _SECONDS[round(reset)] if 0.0 < reset < 120.0 else reset_text(reset)
-            )
+        if self.requests:
+            _rate_headers(headers, _REQUESTS, self.requests, self.texts, asks, readings)
+        if self.tokens:
+            _rate_headers(headers, _TOKENS, self.tokens, self.texts, asks, readings)
         indices = self.budgets
         if indices:
             at = indices[0] if len(indices) == 1 else _tightest(indices, readings)
             headers["x-prism-budget-remaining"] = format_money(readings[at][0])
+
+
+#: The header names of OpenAI's requests and tokens trios, in (limit, remaining, reset) order.
+_REQUESTS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+)
+_TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
+def _rate_headers(
+    headers: dict[str, str],
+    names: tuple[str, str, str],
+    indices: tuple[int, ...],
+    texts: tuple[str, ...],
+    asks: Sequence[Ask],
+    readings: Sequence[Reading],
+) -> None:
+    """OpenAI's limit, remaining and reset headers (``names``) for the tightest of ``indices``."""
+    at = indices[0] if len(indices) == 1 else _tightest(indices, readings)
+    remaining, reset, _ = readings[at]
+    value = asks[at].value
+    limit, left, resets = names
+    headers[limit] = texts[at] if value < 0 else str(value)
+    headers[left] = str(remaining)
+    headers[resets] = _SECONDS[round(reset)] if 0.0 < reset < 120.0 else reset_text(reset)
 
 
 def _tightest(indices: tuple[int, ...], readings: Sequence[Reading]) -> int:
